@@ -1,0 +1,18 @@
+# The two quick-start commands of the README are `make demo` and `make test`.
+# Both install first (scripts/install.sh is the one install recipe; it is idempotent and fast when done).
+PY ?= .venv/bin/python
+
+.PHONY: install demo test quick-bench
+
+install:
+	bash scripts/install.sh
+
+# The main job: train the DALLE transformer on the built-in Shapes data, then generate images for a few captions.
+demo: install
+	bash scripts/demo.sh
+
+test: install
+	$(PY) -m pytest -q -n 2 tests
+
+quick-bench: install
+	$(PY) benchmarks/perf/run.py --quick

@@ -1,0 +1,32 @@
+"""dalle_lab: autoregressive text-to-image transformers (DALL-E / CogView style) with reward fine-tuning.
+
+`import dalle_lab` stays light and offline: the public names below are resolved on first use, so torch, taming,
+deepspeed and friends are imported only by the code that needs them.
+"""
+from importlib import import_module
+
+__version__ = "0.1.0"
+
+# public name -> module that defines it
+_LAZY = {
+    "DALLE": "dalle_lab.model",
+    "DALLEConfig": "dalle_lab.model",
+    "VQGanVAE": "dalle_lab.vae",
+    "default_vae": "dalle_lab.vae",
+    "get_tokenizer": "dalle_lab.tokenizers",
+    "ShapesDataset": "dalle_lab.data.shapes",
+}
+
+__all__ = sorted(_LAZY) + ["__version__"]
+
+
+def __getattr__(name):
+    if name in _LAZY:
+        value = getattr(import_module(_LAZY[name]), name)
+        globals()[name] = value  # cache: the next access is a plain attribute lookup
+        return value
+    raise AttributeError(f"module 'dalle_lab' has no attribute {name!r}")
+
+
+def __dir__():
+    return __all__

@@ -1,0 +1,2 @@
+def import_taming():
+    pass
