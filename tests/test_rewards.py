@@ -1,0 +1,74 @@
+"""Rewards on tiny inputs: JPEG sizes, the differentiable proxy, composition, the command-line spec, the worker."""
+import numpy as np
+import pytest
+import torch
+
+from dalle_lab.align import rewards as R
+
+
+def _flat_and_noisy(size=32):
+    generator = torch.Generator().manual_seed(0)
+    flat = torch.full((1, 3, size, size), 0.5)
+    noisy = torch.rand((1, 3, size, size), generator=generator)
+    return torch.cat([flat, noisy])
+
+
+def test_jpeg_sizes_flat_image_is_smaller_than_noise():
+    images = _flat_and_noisy()
+    sizes = R.jpeg_size_kb(images)
+    assert sizes[0] < sizes[1] / 2
+    assert np.all(sizes > 0.1)  # even a flat JPEG carries headers of a few hundred bytes
+    compress = R.jpeg_compressibility(images, ["a", "b"])
+    incompress = R.jpeg_incompressibility(images, ["a", "b"])
+    assert compress.dtype == torch.float32 and compress.shape == (2,)
+    assert compress[0] > compress[1]
+    torch.testing.assert_close(compress, -incompress)
+    np.testing.assert_allclose(-compress.numpy(), sizes, rtol=1e-6)
+
+
+def test_jpeg_accepts_uint8_hwc_and_matches_float_input():
+    images = _flat_and_noisy()
+    as_uint8 = (images.permute(0, 2, 3, 1).numpy() * 255).round().astype(np.uint8)
+    np.testing.assert_allclose(R.jpeg_size_kb(as_uint8), R.jpeg_size_kb(images))
+
+
+def test_negative_total_variation_orders_like_jpeg_and_has_gradients():
+    images = _flat_and_noisy().requires_grad_(True)
+    scores = R.negative_total_variation(images, None)
+    assert scores[0].item() == 0.0 and scores[1].item() < -20
+    scores.sum().backward()
+    assert images.grad is not None and images.grad[1].abs().sum() > 0
+    assert R.is_differentiable(R.negative_total_variation)
+    assert not R.is_differentiable(R.jpeg_compressibility)
+
+
+def test_weighted_sum_and_spec_parsing():
+    images = _flat_and_noisy()
+    combined = R.get_reward("jpeg_compressibility:2+brightness:0.5")
+    expected = 2 * R.jpeg_compressibility(images) + 0.5 * R.brightness(images)
+    torch.testing.assert_close(combined(images, ["a", "b"]), expected)
+    assert not R.is_differentiable(combined)
+    assert R.is_differentiable(R.get_reward("negative_total_variation:1+brightness:3"))
+    assert R.get_reward("jpeg_compressibility") is R.jpeg_compressibility
+    with pytest.raises(ValueError, match="unknown reward 'jpeg'"):
+        R.get_reward("jpeg")
+    with pytest.raises(ValueError, match="clip"):
+        R.get_reward("aesthetic")
+    with pytest.raises(ValueError, match="must be a number"):
+        R.get_reward("brightness:x")
+
+
+def test_user_callable_passes_through_and_worker_overlaps():
+    def red(images, prompts):
+        return images[:, 0].mean(dim=(1, 2))
+
+    assert R.get_reward(red) is red
+    images = _flat_and_noisy()
+    with R.RewardWorker(red) as worker:
+        future = worker.submit(images, ["x", "y"])
+        torch.testing.assert_close(future.result(timeout=10), red(images, None))
+
+
+def test_bad_image_shape_is_named():
+    with pytest.raises(ValueError, match="batch of images"):
+        R.jpeg_size_kb(torch.rand(3, 8, 8))
