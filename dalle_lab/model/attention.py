@@ -1,0 +1,109 @@
+"""Causal multi-head self-attention with a preallocated key/value cache and CogView's PB-relax.
+
+Two code paths compute the same function:
+- the fast path calls torch.nn.functional.scaled_dot_product_attention (SDPA), which picks a fused kernel;
+- the explicit path forms the score matrix itself. It runs when `stable=True` (PB-relax needs to act between the
+  score matmul and the softmax, which SDPA does not expose) or when the caller asks for the attention weights
+  (attention heatmaps).
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+# CogView's PB-relax constant: scores are computed as (q / (alpha * sqrt(d))) @ k^T, i.e. alpha times smaller than
+# usual, so the matmul's output stays inside float16's range; the row max is subtracted and the result is multiplied
+# back by alpha before the softmax, which leaves the softmax mathematically unchanged.
+PB_RELAX_ALPHA = 32.0
+
+
+class KVCache:
+    """Keys and values of one attention layer, preallocated for the whole generation.
+
+    Writing a step is an in-place copy into the buffers (no torch.cat of a growing tensor, so generation stays
+    linear in sequence length); attention reads the prefix `[:, :, :end]` as a view. The cache holds no position
+    counter: the caller passes the start position of the tokens it feeds (one counter for all layers).
+    """
+
+    def __init__(self, max_len: int):
+        self.max_len = max_len
+        self.keys = self.values = None
+
+    def update(self, start: int, keys: torch.Tensor, values: torch.Tensor):
+        end = start + keys.shape[2]
+        if end > self.max_len:
+            raise ValueError(f"KV cache overflow: writing positions {start}..{end - 1} into a cache of {self.max_len}")
+        if self.keys is None:
+            # Allocated at the first write so the buffers take the dtype the layer actually produces
+            # (bfloat16 under autocast, float32 otherwise) and SDPA sees matching dtypes.
+            b, h, _, d = keys.shape
+            self.keys = keys.new_empty(b, h, self.max_len, d)
+            self.values = values.new_empty(b, h, self.max_len, d)
+        self.keys[:, :, start:end] = keys
+        self.values[:, :, start:end] = values
+        return self.keys[:, :, :end], self.values[:, :, :end]
+
+
+class Attention(nn.Module):
+    def __init__(self, dim: int, heads: int, dim_head: int, dropout: float = 0.0, stable: bool = False):
+        super().__init__()
+        self.heads = heads
+        self.dim_head = dim_head
+        self.stable = stable
+        self.dropout = dropout
+        inner = heads * dim_head
+        self.to_qkv = nn.Linear(dim, 3 * inner, bias=False)  # one fused matmul for queries, keys and values
+        self.to_out = nn.Linear(inner, dim)
+        self.out_dropout = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor, cache: KVCache | None = None, start: int = 0, return_attention: bool = False):
+        """x: (B, L, dim) holding sequence positions start..start+L-1.
+
+        With a cache, the new keys/values are written at those positions and the queries attend to everything
+        cached so far. Returns the output (B, L, dim) and, if return_attention, the weights (B, heads, L, start+L).
+        """
+        b, n, _ = x.shape
+        q, k, v = self.to_qkv(x).view(b, n, 3, self.heads, self.dim_head).permute(2, 0, 3, 1, 4).unbind(0)
+        if cache is not None:
+            k, v = cache.update(start, k, v)
+        elif start != 0:
+            raise ValueError("start > 0 needs a KV cache holding the earlier positions")
+
+        weights = None
+        if self.stable or return_attention:
+            out, weights = self._explicit_attention(q, k, v, start)
+        else:
+            dropout_p = self.dropout if self.training else 0.0
+            if n == 1:  # one new query sees every cached position: no mask at all
+                out = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p)
+            elif start == 0:  # whole sequence (training, or the prompt in generation)
+                out = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True)
+            else:  # several new tokens after a cached prefix: the causal mask is offset by `start`
+                out = F.scaled_dot_product_attention(q, k, v, attn_mask=_causal_mask(n, k.shape[2], start, x.device),
+                                                     dropout_p=dropout_p)
+        out = out.transpose(1, 2).reshape(b, n, self.heads * self.dim_head)
+        return self.out_dropout(self.to_out(out)), weights
+
+    def _explicit_attention(self, q, k, v, start: int):
+        scale = self.dim_head ** -0.5
+        if self.stable:
+            # PB-relax (CogView, section 2.4): shrink before the matmul, subtract the row max, scale back.
+            scores = (q * (scale / PB_RELAX_ALPHA)) @ k.transpose(-1, -2)
+        else:
+            scores = (q * scale) @ k.transpose(-1, -2)
+        n, total = q.shape[2], k.shape[2]
+        if n > 1:
+            scores = scores.masked_fill(~_causal_mask(n, total, start, q.device), float("-inf"))
+        if self.stable:
+            scores = (scores - scores.amax(dim=-1, keepdim=True).detach()) * PB_RELAX_ALPHA
+        weights = scores.softmax(dim=-1)
+        if self.training and self.dropout > 0:
+            weights = F.dropout(weights, p=self.dropout)
+        return weights @ v, weights
+
+
+def _causal_mask(n_new: int, total: int, start: int, device) -> torch.Tensor:
+    """Boolean (n_new, total) mask, True where query start+i may attend to key j (j <= start+i)."""
+    query_pos = torch.arange(start, start + n_new, device=device).unsqueeze(1)
+    return torch.arange(total, device=device).unsqueeze(0) <= query_pos

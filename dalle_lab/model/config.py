@@ -1,0 +1,70 @@
+"""DALLEConfig: every hyper-parameter of the DALLE transformer, in one place.
+
+The defaults are the main job's defaults (the Shapes data: 32 px images -> 8x8 VQGAN tokens, short captions).
+train_dalle.py takes its flag defaults from this dataclass and checkpoints store `dataclasses.asdict(config)`,
+so `DALLEConfig(**saved)` rebuilds exactly the model that was trained.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+
+
+@dataclass
+class DALLEConfig:
+    dim: int = 256  # model width
+    depth: int = 4  # number of transformer blocks
+    heads: int = 8
+    dim_head: int = 32
+    num_text_tokens: int = 512  # the text tokenizer's vocab_size (pad id 0 included); set from the tokenizer
+    text_seq_len: int = 24  # text tokens per caption (padded with 0)
+    num_image_tokens: int = 512  # codebook size of the image tokenizer (vae.num_tokens when a vae is given)
+    image_fmap_size: int = 8  # side of the image-token grid (vae.fmap_size when a vae is given)
+    loss_img_weight: float = 7.0  # loss = (loss_text + w * loss_img) / (w + 1); DALL-E used 7, CogView 1
+    stable: bool = False  # CogView PB-relax in attention and before the final LayerNorm (see docs/model.md)
+    sandwich_norm: bool = False  # LayerNorm on the output of every residual branch (CogView sandwich-LN)
+    attn_dropout: float = 0.0
+    ff_dropout: float = 0.0
+    ff_mult: int = 4  # feed-forward hidden width = ff_mult * dim (GEGLU, as DALLE-pytorch)
+    null_cond_prob: float = 0.1  # training: drop the caption (all-pad text) with this probability, for guidance
+
+    def __post_init__(self):
+        for name in ("dim", "depth", "heads", "dim_head", "num_text_tokens", "text_seq_len", "num_image_tokens",
+                     "image_fmap_size", "ff_mult"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"DALLEConfig.{name} must be a positive integer, got {value!r}")
+        if self.num_text_tokens < 2:
+            raise ValueError(f"DALLEConfig.num_text_tokens={self.num_text_tokens}: the vocab needs the pad id 0 and at "
+                             "least one real token; pass the tokenizer's vocab_size")
+        if self.loss_img_weight < 0:
+            raise ValueError(f"DALLEConfig.loss_img_weight must be >= 0, got {self.loss_img_weight}")
+        for name in ("attn_dropout", "ff_dropout", "null_cond_prob"):
+            value = getattr(self, name)
+            if not 0.0 <= value < 1.0:
+                raise ValueError(f"DALLEConfig.{name} must be in [0, 1), got {value}")
+
+    @property
+    def image_seq_len(self) -> int:
+        return self.image_fmap_size ** 2
+
+    @property
+    def seq_len(self) -> int:
+        """Length of the transformer's input: BOS + text + image tokens, minus the last image token (never fed)."""
+        return self.text_seq_len + self.image_seq_len
+
+    @property
+    def total_text_tokens(self) -> int:
+        """Text embedding rows: the tokenizer vocab plus one unique pad id per text position."""
+        return self.num_text_tokens + self.text_seq_len
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "DALLEConfig":
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"unknown DALLEConfig fields {unknown}: this checkpoint or config was written by another "
+                             f"version of dalle_lab; known fields are {sorted(known)}")
+        return cls(**data)

@@ -1,0 +1,315 @@
+"""DALLE: text tokens and image tokens in one causal transformer (DALL-E / CogView style).
+
+Sequence layout (length text_seq_len + image_seq_len fed to the transformer):
+
+    input:   [BOS] t_1 ... t_T  i_1 ... i_{N-1}
+    target:   t_1  t_2 ... i_1  i_2 ... i_N
+
+- Text comes padded with id 0. Each pad is replaced by a pad id unique to its position
+  (num_text_tokens + position), so a padded caption still tells the model where it is and how long the caption was.
+  Id 0 itself is then free and serves as BOS (as in DALLE-pytorch): BOS lets the model predict the first text token.
+- Text positions predict text ids only and image positions image ids only. This logits mask is built into the
+  model's structure: two output heads (text vocab, image vocab) applied to their own positions, which equals
+  masking a joint head's logits with -inf but skips the masked matmul work. `forward` returns the joint masked
+  logits for callers that want DALLE-pytorch's layout.
+- Position embeddings are learned: one vector per text position, and row + column vectors for the image grid.
+  Absolute learned positions cost one add per token, give the image tokens their 2-D neighbourhood directly, and
+  make cached generation trivial (a token's embedding never depends on the others); the sequences are short and
+  fixed-length, which is where rotary's length extrapolation would have helped, so it buys nothing here.
+"""
+from __future__ import annotations
+
+from typing import Callable, NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..sampling import resolve_top_k, sample_from_log_probs, sampling_distribution
+from .config import DALLEConfig
+from .transformer import Transformer
+
+# DALLE-pytorch primes with the top 14 of 32 rows when no count is given; same fraction here.
+DEFAULT_PRIME_FRACTION = 14 / 32
+
+
+class DALLEOutput(NamedTuple):
+    loss: torch.Tensor | None  # (loss_text + w * loss_img) / (w + 1)
+    loss_text: torch.Tensor | None
+    loss_img: torch.Tensor | None
+    logits: torch.Tensor | None  # (B, T + N, total_text_tokens + num_image_tokens), masked entries -inf
+
+
+class DALLE(nn.Module):
+    """The text-to-image transformer.
+
+    `DALLE(vae=vae, dim=256, depth=4, ...)` takes DALLE-pytorch's keywords (any DALLEConfig field), or
+    `DALLE.from_config(cfg, vae)`. With a vae, num_image_tokens and image_fmap_size come from it.
+    The vae is held for encoding pixels and decoding generated tokens, but it is NOT a registered submodule: its
+    weights are not in `state_dict()` or `parameters()` (checkpoints record its identity instead); `.to()` still
+    moves it along with the model.
+    """
+
+    def __init__(self, *, vae=None, config: DALLEConfig | None = None, **fields):
+        super().__init__()
+        if config is not None and fields:
+            raise ValueError(f"give either config= or keyword fields, not both (got fields {sorted(fields)})")
+        if config is None:
+            if vae is not None:
+                for name, value in (("num_image_tokens", vae.num_tokens), ("image_fmap_size", vae.fmap_size)):
+                    if fields.get(name, value) != value:
+                        raise ValueError(f"{name}={fields[name]} disagrees with the vae's {value}; leave it out")
+                    fields[name] = value
+            config = DALLEConfig(**fields)
+        elif vae is not None and (vae.num_tokens, vae.fmap_size) != (config.num_image_tokens, config.image_fmap_size):
+            raise ValueError(f"config has num_image_tokens={config.num_image_tokens}, image_fmap_size="
+                             f"{config.image_fmap_size} but the vae has {vae.num_tokens}, {vae.fmap_size}: "
+                             "this model was trained with another image tokenizer")
+        self.config = cfg = config
+        object.__setattr__(self, "vae", vae)  # plain attribute: keeps the frozen VAE out of state_dict()
+
+        dim = cfg.dim
+        self.text_emb = nn.Embedding(cfg.total_text_tokens, dim)
+        self.image_emb = nn.Embedding(cfg.num_image_tokens, dim)
+        self.text_pos_emb = nn.Embedding(cfg.text_seq_len + 1, dim)  # BOS + text positions
+        self.image_row_emb = nn.Embedding(cfg.image_fmap_size, dim)
+        self.image_col_emb = nn.Embedding(cfg.image_fmap_size, dim)
+        self.transformer = Transformer(dim, cfg.depth, cfg.heads, cfg.dim_head, cfg.ff_mult, cfg.attn_dropout,
+                                       cfg.ff_dropout, cfg.stable, cfg.sandwich_norm)
+        self.final_norm = nn.LayerNorm(dim)
+        self.to_text_logits = nn.Linear(dim, cfg.total_text_tokens)
+        self.to_image_logits = nn.Linear(dim, cfg.num_image_tokens)
+        self.register_buffer("text_pad_ids", cfg.num_text_tokens + torch.arange(cfg.text_seq_len), persistent=False)
+        self.apply(_init_weights)
+
+    @classmethod
+    def from_config(cls, config: DALLEConfig | dict, vae=None) -> "DALLE":
+        if isinstance(config, dict):
+            config = DALLEConfig.from_dict(config)
+        return cls(vae=vae, config=config)
+
+    def _apply(self, fn, *args, **kwargs):
+        # The unregistered vae still follows .to()/.cuda()/.half() of the model.
+        super()._apply(fn, *args, **kwargs)
+        if self.vae is not None:
+            self.vae._apply(fn, *args, **kwargs)
+        return self
+
+    # ----- inputs -------------------------------------------------------------------------------------------
+
+    def _check_text(self, text: torch.Tensor) -> torch.Tensor:
+        cfg = self.config
+        if text.dim() != 2 or text.shape[1] != cfg.text_seq_len:
+            raise ValueError(f"text must be (batch, text_seq_len={cfg.text_seq_len}) token ids, got shape "
+                             f"{tuple(text.shape)}; tokenize with context_length={cfg.text_seq_len}")
+        if text.is_floating_point():
+            raise ValueError(f"text must hold integer token ids, got dtype {text.dtype}")
+        low, high = int(text.min()), int(text.max())
+        if low < 0 or high >= cfg.num_text_tokens:
+            raise ValueError(f"text token ids must be in [0, num_text_tokens={cfg.num_text_tokens}), got [{low}, "
+                             f"{high}]: the tokenizer's vocab is larger than the model's num_text_tokens; build the "
+                             "model with num_text_tokens=tokenizer.vocab_size")
+        return text
+
+    def image_tokens(self, image: torch.Tensor) -> torch.Tensor:
+        """Pixels (B, 3, H, W) in [0, 1] -> token ids through the vae; token ids (B, n) pass through (checked)."""
+        cfg = self.config
+        if image.dim() == 4:
+            if self.vae is None:
+                raise ValueError("image given as pixels (B, 3, H, W) but this DALLE has no vae; pass token ids "
+                                 "(B, image_seq_len) or build DALLE(vae=...)")
+            with torch.no_grad():
+                image = self.vae.get_codebook_indices(image)
+        if image.dim() != 2 or image.is_floating_point():
+            raise ValueError(f"image must be pixels (B, 3, H, W) or token ids (B, n), got {tuple(image.shape)} "
+                             f"{image.dtype}")
+        if image.numel() and (int(image.min()) < 0 or int(image.max()) >= cfg.num_image_tokens):
+            raise ValueError(f"image token ids must be in [0, num_image_tokens={cfg.num_image_tokens}), got "
+                             f"[{int(image.min())}, {int(image.max())}]: wrong image tokenizer?")
+        return image
+
+    def _text_ids(self, text: torch.Tensor) -> torch.Tensor:
+        """Raw text (0 = pad) -> ids with position-specific pad ids."""
+        return torch.where(text == 0, self.text_pad_ids, text)
+
+    def _image_pos(self) -> torch.Tensor:
+        """(N, dim) position embedding of each image-grid cell, row-major: row vector + column vector."""
+        return (self.image_row_emb.weight[:, None, :] + self.image_col_emb.weight[None, :, :]).flatten(0, 1)
+
+    def _embed(self, text_ids: torch.Tensor, image_tokens: torch.Tensor | None) -> torch.Tensor:
+        """[BOS] + text ids (remapped) + the given image tokens (fed as they are) -> (B, 1 + T + n, dim)."""
+        bos_text = F.pad(text_ids, (1, 0), value=0)
+        x = self.text_emb(bos_text) + self.text_pos_emb.weight
+        if image_tokens is not None and image_tokens.shape[1] > 0:
+            n = image_tokens.shape[1]
+            x = torch.cat([x, self.image_emb(image_tokens) + self._image_pos()[:n]], dim=1)
+        return x
+
+    def _final(self, h: torch.Tensor) -> torch.Tensor:
+        if self.config.stable:
+            # PB-relax on the final LayerNorm: LayerNorm is invariant to rescaling its input (up to eps), so divide
+            # by the absolute maximum first and the norm's own arithmetic never sees large values.
+            h = h / h.abs().amax(dim=-1, keepdim=True).detach().clamp_min(torch.finfo(h.dtype).tiny)
+        return self.final_norm(h)
+
+    def _hidden(self, text_ids, image_tokens, return_attention=False):
+        x = self._embed(text_ids, image_tokens)
+        h, attentions = self.transformer(x, return_attention=return_attention)
+        return self._final(h), attentions
+
+    # ----- training -----------------------------------------------------------------------------------------
+
+    def forward(self, text: torch.Tensor, image: torch.Tensor, return_loss: bool = False) -> DALLEOutput:
+        """text (B, text_seq_len) ids, 0 = pad; image pixels (B, 3, H, W) (needs the vae) or ids (B, image_seq_len).
+
+        In training mode each caption is replaced by the all-pad text with probability null_cond_prob (so the
+        model also learns the unconditional distribution classifier-free guidance needs); those rows are left out of
+        loss_text, whose target would then be the pad sequence rather than a caption.
+        """
+        cfg = self.config
+        text = self._check_text(text)
+        image = self.image_tokens(image)
+        if image.shape != (text.shape[0], cfg.image_seq_len):
+            raise ValueError(f"image tokens must be (batch={text.shape[0]}, image_seq_len={cfg.image_seq_len}), got "
+                             f"{tuple(image.shape)}")
+        keep_caption = None
+        if self.training and cfg.null_cond_prob > 0:
+            keep_caption = torch.rand(text.shape[0], device=text.device) >= cfg.null_cond_prob
+            text = text * keep_caption[:, None]  # a new tensor: the caller's text is never modified
+
+        text_ids = self._text_ids(text)
+        h, _ = self._hidden(text_ids, image[:, :-1])
+        T = cfg.text_seq_len
+        text_logits = self.to_text_logits(h[:, :T])
+        image_logits = self.to_image_logits(h[:, T:])
+        logits = torch.cat([F.pad(text_logits, (0, cfg.num_image_tokens), value=float("-inf")),
+                            F.pad(image_logits, (cfg.total_text_tokens, 0), value=float("-inf"))], dim=1)
+        if not return_loss:
+            return DALLEOutput(None, None, None, logits)
+
+        loss_img = F.cross_entropy(image_logits.reshape(-1, cfg.num_image_tokens).float(), image.reshape(-1))
+        text_ce = F.cross_entropy(text_logits.reshape(-1, cfg.total_text_tokens).float(), text_ids.reshape(-1),
+                                  reduction="none").view(text_ids.shape)
+        if keep_caption is None:
+            loss_text = text_ce.mean()
+        else:
+            loss_text = (text_ce * keep_caption[:, None]).sum() / (keep_caption.sum() * T).clamp_min(1)
+        w = cfg.loss_img_weight
+        loss = (loss_text + w * loss_img) / (w + 1)
+        return DALLEOutput(loss, loss_text, loss_img, logits)
+
+    def logits(self, text: torch.Tensor, image_tokens: torch.Tensor) -> torch.Tensor:
+        """Image-token logits (B, n, num_image_tokens) for image positions 0..n-1 given image_tokens (B, n):
+        position j is predicted from the text and image tokens 0..j-1 (token j itself is not seen).
+
+        No caption dropout here, in any mode: these are exactly the logits generation samples from.
+        """
+        text_ids = self._text_ids(self._check_text(text))
+        image_tokens = self.image_tokens(image_tokens)
+        h, _ = self._hidden(text_ids, image_tokens[:, :-1])
+        return self.to_image_logits(h[:, self.config.text_seq_len:])
+
+    def null_text(self, text: torch.Tensor) -> torch.Tensor:
+        """The unconditional prompt used for classifier-free guidance: the all-pad text (a new tensor)."""
+        return torch.zeros_like(text)
+
+    @torch.no_grad()
+    def attention_maps(self, text: torch.Tensor, image_tokens: torch.Tensor) -> torch.Tensor:
+        """Attention of the image positions to BOS + text: (depth, B, heads, image_seq_len, 1 + text_seq_len).
+
+        Row j is the query that predicts image token j (the sequence position just before it), i.e. where the
+        model looked when it chose grid cell j. Column 0 is BOS, column 1 + t text token t. Uses the explicit
+        attention path.
+        """
+        text_ids = self._text_ids(self._check_text(text))
+        image_tokens = self.image_tokens(image_tokens)
+        _, attentions = self._hidden(text_ids, image_tokens[:, :-1], return_attention=True)
+        T = self.config.text_seq_len
+        return torch.stack([a[:, :, T:, : T + 1] for a in attentions])
+
+    # ----- generation ---------------------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def generate_images(self, text: torch.Tensor, *, top_k: int | None = None, filter_thres: float | None = None,
+                        top_p: float | None = None, temperature: float = 1.0, cond_scale: float = 1.0,
+                        img: torch.Tensor | None = None, num_init_img_tokens: int | None = None,
+                        use_cache: bool = True, return_tokens: bool = False, return_logprobs: bool = False,
+                        generator: torch.Generator | None = None,
+                        logits_callback: Callable[[int, torch.Tensor, torch.Tensor | None], None] | None = None):
+        """Sample image tokens for each caption in text (B, text_seq_len) and decode them with the vae.
+
+        top_k / filter_thres (keep the top 1 - filter_thres fraction) and top_p act on the image vocabulary only;
+        temperature > 0 (top_k=1 is greedy). cond_scale != 1 runs classifier-free guidance: the caption and the
+        all-pad text go through the model side by side, each with its own KV cache rows; the text tensor given is
+        never modified. img primes generation with the top of an image: pixels (B, 3, H, W) (needs the vae) or token
+        ids (B, >= num_init_img_tokens); num_init_img_tokens defaults to 14/32 of the grid (whole rows count
+        fmap_size tokens each). generator: a torch.Generator for reproducible sampling.
+        logits_callback(position, logits_cond, logits_uncond_or_None) is called before each token is sampled.
+
+        Returns images (B, 3, H, W) in [0, 1]; with return_tokens the (B, image_seq_len) token ids instead (no vae
+        needed); with return_logprobs a pair (images or tokens, logprobs (B, image_seq_len) float32) where logprobs
+        holds the log-probability of each sampled token under the final sampling distribution (after guidance,
+        temperature, top-k, top-p; see dalle_lab.sampling.sampling_distribution) and 0 at primed positions.
+        """
+        cfg = self.config
+        text = self._check_text(text)
+        batch, T, N = text.shape[0], cfg.text_seq_len, cfg.image_seq_len
+        if not return_tokens and self.vae is None:
+            raise ValueError("this DALLE has no vae to decode images: pass return_tokens=True or build DALLE(vae=...)")
+        k = resolve_top_k(top_k, filter_thres, cfg.num_image_tokens)
+        if temperature <= 0:
+            raise ValueError(f"temperature must be > 0, got {temperature}; for greedy decoding use top_k=1")
+
+        tokens = torch.zeros(batch, N, dtype=torch.long, device=text.device)
+        n_init = 0
+        if img is not None:
+            prime = self.image_tokens(img)
+            n_init = int(DEFAULT_PRIME_FRACTION * N) if num_init_img_tokens is None else num_init_img_tokens
+            if not 0 <= n_init < N or prime.shape[1] < n_init or prime.shape[0] != batch:
+                raise ValueError(f"priming needs 0 <= num_init_img_tokens ({n_init}) < image_seq_len ({N}) and img "
+                                 f"with batch {batch} and at least that many tokens (got {tuple(prime.shape)})")
+            tokens[:, :n_init] = prime[:, :n_init]
+        elif num_init_img_tokens:
+            raise ValueError("num_init_img_tokens needs img (pixels or token ids) to prime with")
+        logprobs = torch.zeros(batch, N, dtype=torch.float32, device=text.device)
+
+        guided = cond_scale != 1.0
+        # Conditional rows first, unconditional rows after: one batched forward serves both passes.
+        rows_text = torch.cat([text, self.null_text(text)]) if guided else text
+        text_ids = self._text_ids(rows_text)
+        repeat = 2 if guided else 1
+
+        was_training = self.training
+        self.eval()
+        try:
+            if use_cache:
+                caches = self.transformer.new_caches(max_len=T + N)
+                x = self._embed(text_ids, tokens[:, :n_init].repeat(repeat, 1))
+                h, _ = self.transformer(x, caches=caches, start=0)
+                image_pos = self._image_pos()
+            for i in range(n_init, N):
+                if use_cache:
+                    if i > n_init:  # feed the token sampled last step at sequence position 1 + T + (i - 1)
+                        x = (self.image_emb(tokens[:, i - 1]) + image_pos[i - 1]).repeat(repeat, 1).unsqueeze(1)
+                        h, _ = self.transformer(x, caches=caches, start=T + i)
+                else:
+                    h, _ = self.transformer(self._embed(text_ids, tokens[:, :i].repeat(repeat, 1)))
+                step_logits = self.to_image_logits(self._final(h[:, -1]))
+                cond, uncond = (step_logits[:batch], step_logits[batch:]) if guided else (step_logits, None)
+                if logits_callback is not None:
+                    logits_callback(i, cond, uncond)
+                log_probs = sampling_distribution(cond, uncond, cond_scale, temperature, k, top_p)
+                tokens[:, i], logprobs[:, i] = sample_from_log_probs(log_probs, generator)
+        finally:
+            self.train(was_training)
+
+        result = tokens if return_tokens else self.vae.decode(tokens)
+        return (result, logprobs) if return_logprobs else result
+
+
+def _init_weights(module: nn.Module):
+    # GPT-2 style: small normal weights keep the initial logits near uniform, which makes the first steps stable.
+    if isinstance(module, (nn.Linear, nn.Embedding)):
+        nn.init.normal_(module.weight, std=0.02)
+    if isinstance(module, nn.Linear) and module.bias is not None:
+        nn.init.zeros_(module.bias)

@@ -1,0 +1,70 @@
+"""Pre-norm transformer blocks: causal attention + GEGLU feed-forward, optional sandwich norm."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .attention import Attention, KVCache
+
+
+class FeedForward(nn.Module):
+    """GEGLU feed-forward (as in DALLE-pytorch, so parameter counts compare like with like)."""
+
+    def __init__(self, dim: int, mult: int = 4, dropout: float = 0.0):
+        super().__init__()
+        hidden = dim * mult
+        self.proj_in = nn.Linear(dim, hidden * 2)  # value and gate in one matmul
+        self.dropout = nn.Dropout(dropout)
+        self.proj_out = nn.Linear(hidden, dim)
+
+    def forward(self, x):
+        value, gate = self.proj_in(x).chunk(2, dim=-1)
+        return self.proj_out(self.dropout(value * F.gelu(gate)))
+
+
+class Block(nn.Module):
+    """x + branch(LayerNorm(x)) for attention then feed-forward.
+
+    sandwich_norm (CogView's sandwich-LN) adds a second LayerNorm on each branch's output before the residual add,
+    bounding what each block can add to the residual stream: x + LayerNorm_out(branch(LayerNorm_in(x))).
+    """
+
+    def __init__(self, dim, heads, dim_head, ff_mult=4, attn_dropout=0.0, ff_dropout=0.0, stable=False,
+                 sandwich_norm=False):
+        super().__init__()
+        self.attn_norm = nn.LayerNorm(dim)
+        self.attn = Attention(dim, heads, dim_head, dropout=attn_dropout, stable=stable)
+        self.ff_norm = nn.LayerNorm(dim)
+        self.ff = FeedForward(dim, ff_mult, ff_dropout)
+        self.attn_out_norm = nn.LayerNorm(dim) if sandwich_norm else nn.Identity()
+        self.ff_out_norm = nn.LayerNorm(dim) if sandwich_norm else nn.Identity()
+
+    def forward(self, x, cache: KVCache | None = None, start: int = 0, return_attention: bool = False):
+        attn_out, weights = self.attn(self.attn_norm(x), cache=cache, start=start, return_attention=return_attention)
+        x = x + self.attn_out_norm(attn_out)
+        x = x + self.ff_out_norm(self.ff(self.ff_norm(x)))
+        return x, weights
+
+
+class Transformer(nn.Module):
+    def __init__(self, dim, depth, heads, dim_head, ff_mult=4, attn_dropout=0.0, ff_dropout=0.0, stable=False,
+                 sandwich_norm=False):
+        super().__init__()
+        self.heads, self.dim_head = heads, dim_head
+        self.layers = nn.ModuleList(
+            Block(dim, heads, dim_head, ff_mult, attn_dropout, ff_dropout, stable, sandwich_norm) for _ in range(depth)
+        )
+
+    def new_caches(self, max_len: int) -> list[KVCache]:
+        return [KVCache(max_len) for _ in self.layers]
+
+    def forward(self, x, caches: list[KVCache] | None = None, start: int = 0, return_attention: bool = False):
+        """Returns (x, attentions): attentions is a list with one (B, heads, L, start+L) tensor per layer, or None."""
+        attentions = [] if return_attention else None
+        for i, layer in enumerate(self.layers):
+            x, weights = layer(x, cache=None if caches is None else caches[i], start=start,
+                               return_attention=return_attention)
+            if return_attention:
+                attentions.append(weights)
+        return x, attentions
