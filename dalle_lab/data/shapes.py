@@ -425,3 +425,21 @@ def validation_captions(n: int, seed: int = 0) -> list[str]:
 def heldout_captions(n: int, seed: int = 0) -> list[str]:
     """Captions of the first n items of ShapesDataset("heldout", seed=seed): held-out colour-shape pairs."""
     return [describe(sample_scene("heldout", i, seed)) for i in range(n)]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The checker lives in checker.py (it needs scipy); these names keep `from dalle_lab.data.shapes import check` working.
+
+
+def check(image, caption: str):
+    """Check an image against a Shapes caption -> CheckResult(attributes, accuracy, exact). See checker.py."""
+    from .checker import check as _check
+
+    return _check(image, caption)
+
+
+def evaluate(images, captions: Sequence[str]) -> dict:
+    """Score a batch -> dict(accuracy, exact_match, per_attribute, n). See checker.py."""
+    from .checker import evaluate as _evaluate
+
+    return _evaluate(images, captions)
