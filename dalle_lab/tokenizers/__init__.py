@@ -1,0 +1,31 @@
+"""BPE text tokenizers: youtokentome `.model` and HuggingFace tokenizers `.json` vocabularies, the shipped default
+vocabulary for the Shapes captions (bpe/shapes.model), and training a custom vocabulary.
+
+Backends import their libraries only when a tokenizer is built, so importing this package stays light.
+See bpe/README.md for the user-facing guide.
+"""
+from dalle_lab.tokenizers.base import BOS_ID, EOS_ID, PAD_ID, UNK_ID, TextTokenizer, normalize_caption
+from dalle_lab.tokenizers.loading import (
+    DEFAULT_BPE_PATH,
+    check_vocab_fits,
+    default_bpe_path,
+    get_tokenizer,
+    load_tokenizer,
+)
+from dalle_lab.tokenizers.vocab import train_bpe, train_shapes_vocab
+
+__all__ = [
+    "BOS_ID",
+    "DEFAULT_BPE_PATH",
+    "EOS_ID",
+    "PAD_ID",
+    "UNK_ID",
+    "TextTokenizer",
+    "check_vocab_fits",
+    "default_bpe_path",
+    "get_tokenizer",
+    "load_tokenizer",
+    "normalize_caption",
+    "train_bpe",
+    "train_shapes_vocab",
+]

@@ -1,0 +1,89 @@
+"""Finding and loading a text tokenizer: by path (`--bpe_path`), the shipped default, or a checkpoint's record."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from dalle_lab.tokenizers.base import TextTokenizer
+
+# bpe/ sits at the repository root, beside the package (the package is installed editable from the repo).
+DEFAULT_BPE_PATH = Path(__file__).resolve().parents[2] / "bpe" / "shapes.model"
+SHAPES_VOCAB_COMMAND = "python -m dalle_lab.tokenizers.train --shapes --vocab_size 256 --output bpe/shapes.model"
+
+
+def default_bpe_path() -> Path:
+    """The shipped vocabulary for the built-in Shapes captions, with a clear error when it is missing."""
+    if not DEFAULT_BPE_PATH.is_file():
+        raise FileNotFoundError(
+            f"the default text vocabulary {DEFAULT_BPE_PATH} is missing. It ships in the repository's bpe/ folder: "
+            f"install dalle_lab editable from a full checkout (pip install -e .), pass your own vocabulary with "
+            f"--bpe_path, or rebuild it with `{SHAPES_VOCAB_COMMAND}`"
+        )
+    return DEFAULT_BPE_PATH
+
+
+def backend_for(path: str | os.PathLike) -> str:
+    """"hf" for HuggingFace tokenizers JSON files, "yttm" otherwise: by suffix, else by a peek at the content."""
+    path = Path(path)
+    if path.suffix == ".json":
+        return "hf"
+    if path.suffix == ".model":
+        return "yttm"
+    with open(path, "rb") as handle:
+        return "hf" if handle.read(64).lstrip().startswith(b"{") else "yttm"
+
+
+def get_tokenizer(bpe_path: str | os.PathLike | None = None) -> TextTokenizer:
+    """Load a youtokentome `.model` or HuggingFace tokenizers `.json` vocabulary; None loads the shipped
+    `bpe/shapes.model`."""
+    path = default_bpe_path() if bpe_path is None else Path(bpe_path).expanduser()
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"text vocabulary {path} does not exist (--bpe_path). Pass a youtokentome .model or HuggingFace "
+            f"tokenizers .json file, or train one: python -m dalle_lab.tokenizers.train --input CAPTIONS "
+            f"--vocab_size 2000 --output {path.name if path.suffix else 'my.model'}"
+        )
+    if backend_for(path) == "hf":
+        from dalle_lab.tokenizers.hf_backend import HFTokenizer
+
+        return HFTokenizer(path)
+    from dalle_lab.tokenizers.yttm_backend import YttmTokenizer
+
+    return YttmTokenizer(path)
+
+
+def load_tokenizer(identity: dict) -> TextTokenizer:
+    """Rebuild the tokenizer a checkpoint recorded (`tokenizer.identity`) and check it is the same file.
+
+    When the recorded path does not exist here (a checkpoint from another machine) but the hash is the shipped
+    default's, the shipped file is used.
+    """
+    path, sha256 = Path(identity["path"]), identity.get("sha256")
+    if not path.is_file() and DEFAULT_BPE_PATH.is_file():
+        default = get_tokenizer(DEFAULT_BPE_PATH)
+        if default.sha256 == sha256:
+            return default
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"the checkpoint's text vocabulary {path} does not exist on this machine; copy that file here and "
+            f"pass it with --bpe_path"
+        )
+    tokenizer = get_tokenizer(path)
+    if sha256 is not None and tokenizer.sha256 != sha256:
+        raise ValueError(
+            f"text vocabulary {path} has changed since the checkpoint was written (sha256 {tokenizer.sha256[:12]}... "
+            f"now, {sha256[:12]}... recorded): its ids would not match the model. Pass the original file with "
+            f"--bpe_path"
+        )
+    return tokenizer
+
+
+def check_vocab_fits(tokenizer: TextTokenizer, num_text_tokens: int) -> None:
+    """Raise when the tokenizer can emit ids the model's text embedding (num_text_tokens rows) cannot hold."""
+    if tokenizer.vocab_size > num_text_tokens:
+        raise ValueError(
+            f"text vocabulary {tokenizer.path} has {tokenizer.vocab_size} tokens but the model's num_text_tokens "
+            f"is {num_text_tokens}, so its larger ids would fall outside the text embedding. Set num_text_tokens "
+            f"to at least {tokenizer.vocab_size}, or train a smaller vocabulary "
+            f"(python -m dalle_lab.tokenizers.train --vocab_size ...)"
+        )

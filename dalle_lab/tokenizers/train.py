@@ -1,0 +1,72 @@
+"""Command line: train a BPE text vocabulary that --bpe_path then loads.
+
+    python -m dalle_lab.tokenizers.train --input captions.txt --vocab_size 2000 --output my.model
+    python -m dalle_lab.tokenizers.train --input path/to/image_text_folder --vocab_size 2000 --output my.json
+    python -m dalle_lab.tokenizers.train --shapes --vocab_size 256 --output bpe/shapes.model   # the shipped one
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from dalle_lab.tokenizers.vocab import (
+    BACKENDS,
+    SHAPES_EXTRA_CHARACTERS,
+    caption_lengths,
+    collect_captions,
+    train_bpe,
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m dalle_lab.tokenizers.train", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--input", nargs="+", default=[], metavar="PATH",
+                        help="caption text files (one caption a line) and/or image-text folders")
+    parser.add_argument("--shapes", action="store_true",
+                        help="add every caption of the built-in Shapes grammar (the recipe of bpe/shapes.model)")
+    parser.add_argument("--vocab_size", type=int, required=True,
+                        help="most tokens in the vocabulary, pad/unk/bos/eos included")
+    parser.add_argument("--output", required=True, help="where to write it: *.model (yttm) or *.json (hf)")
+    parser.add_argument("--backend", choices=BACKENDS, default=None,
+                        help="youtokentome or HuggingFace tokenizers; default: from the --output suffix")
+    parser.add_argument("--text_seq_len", type=int, default=24,
+                        help="only for the report: how many captions would not fit this context")
+    parser.add_argument("--verbose", action="store_true", help="show youtokentome's own training log")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if not args.input and not args.shapes:
+        build_parser().error("give --input PATH [PATH ...] and/or --shapes")
+
+    sources: list = [Path(p) for p in args.input]
+    extra_characters = ""
+    if args.shapes:
+        from dalle_lab.data.shapes import all_captions
+
+        sources += all_captions()
+        extra_characters = SHAPES_EXTRA_CHARACTERS
+    try:
+        tokenizer = train_bpe(sources, args.vocab_size, args.output, backend=args.backend,
+                              extra_characters=extra_characters, verbose=args.verbose)
+        lengths = caption_lengths(tokenizer, collect_captions(sources))
+    except (ValueError, FileNotFoundError, RuntimeError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+
+    too_long = sum(length > args.text_seq_len for length in lengths)
+    print(f"wrote {os.fspath(args.output)} ({tokenizer.kind}): {tokenizer.vocab_size} tokens"
+          + (f" (asked for {args.vocab_size}; the captions allow no more merges)"
+             if tokenizer.vocab_size < args.vocab_size else ""))
+    print(f"{len(lengths)} captions: {max(lengths)} tokens at most, {sum(lengths) / len(lengths):.1f} on average; "
+          f"{too_long} longer than --text_seq_len {args.text_seq_len}")
+    print(f"use it with --bpe_path {os.fspath(args.output)} (the model needs num_text_tokens >= {tokenizer.vocab_size})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,99 @@
+"""Training custom BPE vocabularies: from a caption file, from an image-text folder, the CLI, and its errors."""
+from pathlib import Path
+
+import pytest
+
+from dalle_lab.tokenizers import get_tokenizer, train_bpe
+from dalle_lab.tokenizers.train import main as train_main
+from dalle_lab.tokenizers.vocab import minimum_vocab_size
+
+CAPTIONS = [
+    "a photo of a cat sitting on a mat",
+    "a dog running in the park",
+    "A Cat And A Dog",
+    "",  # blank lines are skipped
+    "two birds on a wire",
+]
+
+
+@pytest.fixture
+def caption_file(tmp_path):
+    path = tmp_path / "captions.txt"
+    path.write_text("\n".join(CAPTIONS) + "\n", encoding="utf-8")
+    return path
+
+
+@pytest.mark.parametrize("suffix", [".model", ".json"])
+def test_train_from_a_caption_file_and_load_back(tmp_path, caption_file, suffix):
+    output = tmp_path / f"custom{suffix}"
+    trained = train_bpe(caption_file, 80, output)
+    assert output.is_file() and trained.kind == ("hf" if suffix == ".json" else "yttm")
+    assert trained.vocab_size <= 80
+
+    loaded = get_tokenizer(output)
+    assert loaded.identity == trained.identity
+    for caption in filter(None, CAPTIONS):
+        ids = loaded.encode(caption)
+        assert 0 not in ids and 1 not in ids  # no pad, no unk: every training character is kept
+        assert loaded.decode(ids) == caption.lower()
+
+
+def test_train_from_an_image_text_folder(tmp_path):
+    data = pytest.importorskip("dalle_lab.data")
+    if not hasattr(data, "iter_folder_captions"):
+        pytest.skip("dalle_lab.data.iter_folder_captions is not written yet (image-text folders, issue 2 section 3)")
+    from PIL import Image
+
+    folder = tmp_path / "folder"
+    (folder / "sub").mkdir(parents=True)
+    for stem, text in [("one", "a red kite\na kite in the sky"), ("sub/two", "zebras grazing")]:
+        Image.new("RGB", (8, 8)).save(folder / f"{stem}.png")
+        (folder / f"{stem}.txt").write_text(text + "\n")
+
+    output = tmp_path / "folder.model"
+    assert train_main(["--input", str(folder), "--vocab_size", "60", "--output", str(output)]) == 0
+    tok = get_tokenizer(output)
+    for caption in ["a red kite", "a kite in the sky", "zebras grazing"]:
+        assert tok.decode(tok.encode(caption)) == caption and 1 not in tok.encode(caption)
+
+
+def test_cli_reports_vocab_and_caption_lengths(tmp_path, caption_file, capsys):
+    output = tmp_path / "cli.model"
+    assert train_main(["--input", str(caption_file), "--vocab_size", "500", "--output", str(output),
+                       "--text_seq_len", "5"]) == 0
+    out = capsys.readouterr().out
+    vocab_size = get_tokenizer(output).vocab_size
+    assert f"{vocab_size} tokens (asked for 500" in out  # too few captions for 500 tokens
+    assert "4 captions" in out and f"--bpe_path {output}" in out
+    assert "longer than --text_seq_len 5" in out and "0 longer" not in out
+
+
+def test_cli_errors_are_one_line_not_a_traceback(tmp_path, capsys):
+    assert train_main(["--input", str(tmp_path / "nope.txt"), "--vocab_size", "50",
+                       "--output", str(tmp_path / "x.model")]) == 2
+    assert "nope.txt does not exist" in capsys.readouterr().err
+    assert not (tmp_path / "x.model").exists()
+
+
+@pytest.mark.parametrize("suffix", [".model", ".json"])
+def test_vocab_smaller_than_the_alphabet_is_refused(tmp_path, caption_file, suffix):
+    captions = [c.lower() for c in CAPTIONS if c]
+    needed = minimum_vocab_size(captions)
+    with pytest.raises(ValueError, match=f"--vocab_size {needed} or more"):
+        train_bpe(caption_file, needed - 1, tmp_path / f"small{suffix}")
+    assert not (tmp_path / f"small{suffix}").exists()
+    # The minimum itself is accepted by both backends and spells everything.
+    tok = train_bpe(caption_file, needed, tmp_path / f"min{suffix}")
+    assert tok.vocab_size == needed and 1 not in tok.encode(captions[0])
+
+
+def test_inputs_and_backends_are_checked(tmp_path, caption_file):
+    with pytest.raises(ValueError, match="no non-empty captions"):
+        train_bpe(["", "  "], 50, tmp_path / "empty.model")
+    with pytest.raises(ValueError, match="backend='hf'"):
+        train_bpe(caption_file, 50, tmp_path / "v.model", backend="hf")
+    with pytest.raises(ValueError, match="name it \\*.model"):
+        train_bpe(caption_file, 50, tmp_path / "v.bin")
+    # Strings inside a list are captions, PathLike items are files: the two mix.
+    tok = train_bpe(["xylophone quartet", Path(caption_file)], 80, tmp_path / "mixed.model")
+    assert 1 not in tok.encode("xylophone quartet") and 1 not in tok.encode("a cat on a mat")
