@@ -133,12 +133,12 @@ def _save_hf(tokenizer, path):
 def test_hf_json_trained_here_keeps_pad_at_zero(tmp_path):
     tok = train_bpe(["a red circle", "a blue square", "a green triangle"] * 5, 60, tmp_path / "v.json")
     assert tok.kind == "hf" and tok.id_offset == 0
-    assert json.loads((tmp_path / "v.json").read_text())["added_tokens"][0]["content"] == "<pad>"
+    assert json.loads((tmp_path / "v.json").read_text())["added_tokens"][0]["content"] == "<PAD>"
     ids = tok.encode("A Red Square")
     assert PAD_ID not in ids and tok.decode(ids) == "a red square"
     assert tok.decode(tok.tokenize("a blue circle", 10)[0]) == "a blue circle"
     ids = tok.encode("a red ☃")
-    assert UNK_ID in ids and "☃" not in tok.decode(ids)
+    assert UNK_ID in ids and tok.decode(ids) == "a red <UNK>"
 
 
 def test_foreign_hf_json_is_shifted_so_pad_stays_zero(tmp_path):
@@ -177,3 +177,26 @@ def test_bad_files_get_clear_errors(tmp_path):
     bad_json.write_text('{"model": 3}')
     with pytest.raises(ValueError, match="bad.json is not a HuggingFace tokenizers file"):
         get_tokenizer(bad_json)
+
+
+@pytest.mark.parametrize("suffix", [".model", ".json"])
+def test_tokenizers_pickle_for_dataloader_workers(tmp_path, suffix):
+    import pickle
+
+    tok = train_bpe(["a red circle", "a blue square"], 40, tmp_path / f"v{suffix}")
+    copy = pickle.loads(pickle.dumps(tok))
+    assert type(copy) is type(tok) and copy.identity == tok.identity
+    assert copy.encode("a red square") == tok.encode("a red square")
+
+
+def test_hf_pad_token_text_inside_a_caption_is_refused(tmp_path):
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    vocab = {"<pad>": 0, "[UNK]": 1, "a": 2, "cat": 3}
+    tokenizer = Tokenizer(models.WordLevel(vocab=vocab, unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tokenizer.add_special_tokens(["<pad>"])
+    tok = get_tokenizer(_save_hf(tokenizer, tmp_path / "padded.json"))
+    assert tok.id_offset == 0 and tok.encode("a cat") == [2, 3]
+    with pytest.raises(ValueError, match="pad token"):
+        tok.encode("a <pad> cat")

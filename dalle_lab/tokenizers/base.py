@@ -124,5 +124,15 @@ class TextTokenizer:
         """What a checkpoint records to find this exact vocabulary again: backend kind, file path, file hash."""
         return {"kind": self.kind, "path": str(self.path), "sha256": self.sha256}
 
+    # youtokentome's BPE object cannot be pickled, yet DataLoader workers started with "spawn" pickle the dataset
+    # and the tokenizer it holds: pickle the file's identity and reload the file on the other side instead.
+    def __getstate__(self) -> dict:
+        return {"path": str(self.path), "sha256": self.sha256}
+
+    def __setstate__(self, state: dict) -> None:
+        type(self).__init__(self, state["path"])
+        if self.sha256 != state["sha256"]:
+            raise ValueError(f"text vocabulary {self.path} changed while it was being sent to another process")
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}(path={str(self.path)!r}, vocab_size={self.vocab_size})"

@@ -83,7 +83,12 @@ class HFTokenizer(TextTokenizer):
                         f"retrain the vocabulary on captions that include them, or remove them from the caption"
                     )
         encodings = self._tok.encode_batch(texts, add_special_tokens=False)
-        return [[i + self.id_offset for i in enc.ids] for enc in encodings]
+        rows = [[i + self.id_offset for i in enc.ids] for enc in encodings]
+        for text, ids in zip(texts, rows):
+            if PAD_ID in ids:  # the file matches its pad token's text inside captions, e.g. a literal "<pad>"
+                raise ValueError(f"caption {shorten(text)} contains the text of {self.path}'s pad token; id 0 "
+                                 f"must only pad, so remove that text from the caption")
+        return rows
 
     def _ignored_ids(self) -> set[int]:
         return self._ignored

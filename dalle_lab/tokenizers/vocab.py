@@ -14,7 +14,7 @@ import tempfile
 from pathlib import Path
 from typing import Iterable, Iterator, Sequence, Union
 
-from dalle_lab.tokenizers.base import PAD_ID, TextTokenizer, normalize_caption
+from dalle_lab.tokenizers.base import PAD_ID, SPECIAL_TOKENS, TextTokenizer, normalize_caption
 from dalle_lab.tokenizers.loading import get_tokenizer
 
 Source = Union[str, os.PathLike]
@@ -148,20 +148,20 @@ def _train_yttm(captions: list[str], vocab_size: int, output: Path, extra_charac
 def _train_hf(captions: list[str], vocab_size: int, output: Path, extra_characters: str) -> None:
     from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
-    tokenizer = Tokenizer(models.BPE(unk_token="<unk>"))
+    tokenizer = Tokenizer(models.BPE(unk_token=SPECIAL_TOKENS[1]))
     tokenizer.normalizer = normalizers.Lowercase()  # so the file also lower-cases when used outside dalle_lab
     tokenizer.pre_tokenizer = pre_tokenizers.Metaspace()  # "▁" marks word starts, as in youtokentome
     tokenizer.decoder = decoders.Metaspace()
     alphabet = sorted({ch for caption in captions for ch in caption if ch != " "} | set(extra_characters) - {" "})
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
-        # <pad> first: id 0 is pad, so HFTokenizer needs no id shift for files trained here.
-        special_tokens=["<pad>", "<unk>", "<bos>", "<eos>"],
+        # youtokentome's names and order: id 0 is <PAD>, so HFTokenizer needs no id shift for files trained here.
+        special_tokens=list(SPECIAL_TOKENS),
         initial_alphabet=alphabet,
         show_progress=False,
     )
     tokenizer.train_from_iterator(captions, trainer)
-    assert tokenizer.token_to_id("<pad>") == PAD_ID
+    assert tokenizer.token_to_id(SPECIAL_TOKENS[PAD_ID]) == PAD_ID
     tokenizer.save(str(output))
 
 
