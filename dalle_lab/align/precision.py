@@ -1,0 +1,260 @@
+"""Numeric precision modes for any torch model: fp32, bf16, fp16 and emulated TPU-default ("tpu_default").
+
+Why this exists: a published aesthetic-reward fine-tuning result ran its CLIP scorer on TPUs, whose DEFAULT matrix
+precision rounds the operands of every matrix product to bfloat16 and accumulates in float32, even when all tensors are
+float32. The CLIP embeddings moved far enough (cosine about 0.8 to the float32 ones) that the fine-tuned model learned
+to please the artefact. These modes let one run the same reward model in each precision on a CPU or GPU and compare.
+
+    with precision_mode(model, "tpu_default") as handle:
+        scores = model(images)
+    handle.num_products   # how many matrix products were rounded (a test checks it against the model's count)
+
+Modes:
+- "fp32": parameters and floating inputs in float32, TF32 disabled on CUDA (true float32 products).
+- "bf16" / "fp16": parameters, buffers and floating inputs cast to bfloat16 / float16 (what `.bfloat16()` users do);
+  the original tensors are put back on exit, so the model is bit-for-bit what it was.
+- "tpu_default": the model stays float32; every matrix product (linear, matmul, bmm, einsum, convolution, addmm /
+  baddbmm, attention products) has its float32 operands rounded to bfloat16 (round to nearest even) and is then
+  multiplied and accumulated in float32. The product of two bfloat16 numbers is exact in float32, so this reproduces
+  the TPU's products exactly and differs only in summation order. LayerNorm, softmax, GELU and every other op stay
+  float32. It works on aten ops (a TorchDispatchMode), so it reaches products however a model spells them; fused
+  kernels that hide products inside (fused attention, RNN kernels) are either decomposed (scaled_dot_product_attention)
+  or refused with an error, never silently skipped. Gradients pass straight through the rounding.
+
+The tpu_default rounding applies to every product computed inside the `with` block (on a TPU it is global too), not
+only the model's: a reward's head and preprocessing run under it as well.
+"""
+from __future__ import annotations
+
+import contextlib
+from collections import Counter
+from dataclasses import dataclass, field
+
+PRECISION_MODES = ("fp32", "bf16", "fp16", "tpu_default")
+
+# aten products whose float32 operands tpu_default rounds: op name -> positions of the two multiplied operands.
+# Bias / accumulator inputs (addmm's first argument, a conv bias) are added in float32 and left alone, as on a TPU.
+_PRODUCT_OPERANDS = {
+    "mm": (0, 1),
+    "bmm": (0, 1),
+    "mv": (0, 1),
+    "dot": (0, 1),
+    "vdot": (0, 1),
+    "addmm": (1, 2),
+    "_addmm_activation": (1, 2),
+    "baddbmm": (1, 2),
+    "addbmm": (1, 2),
+    "addmv": (1, 2),
+    "convolution": (0, 1),
+    "_convolution": (0, 1),
+    "convolution_backward": (0, 1, 2),  # grad_output, input, weight: the backward products of a convolution
+}
+
+# Fused aten kernels that multiply matrices internally where the mode cannot reach the operands. Reaching one inside
+# tpu_default raises instead of silently computing full-precision products.
+_FUSED_PRODUCT_OPS = (
+    "_scaled_dot_product_flash_attention",
+    "_scaled_dot_product_flash_attention_for_cpu",
+    "_scaled_dot_product_efficient_attention",
+    "_scaled_dot_product_cudnn_attention",
+    "_scaled_dot_product_fused_attention_overrideable",
+    "_flash_attention_forward",
+    "_efficient_attention_forward",
+    "_native_multi_head_attention",
+    "_transformer_encoder_layer_fwd",
+    "_trilinear",
+    "mkldnn_rnn_layer",
+    "_thnn_fused_lstm_cell",
+    "_thnn_fused_gru_cell",
+    "mkldnn_linear",
+    "mkldnn_convolution",
+)
+
+
+def check_mode(mode: str) -> str:
+    if mode not in PRECISION_MODES:
+        raise ValueError(f"unknown precision mode {mode!r}; choose one of {', '.join(PRECISION_MODES)}")
+    return mode
+
+
+def round_to_bf16(tensor):
+    """Round a float32 tensor to the nearest bfloat16 value (ties to even), returned as float32.
+
+    torch's float32 -> bfloat16 conversion rounds to nearest even; casting back is exact.
+    """
+    import torch
+
+    if tensor.dtype != torch.float32:
+        return tensor
+    return tensor.to(torch.bfloat16).to(torch.float32)
+
+
+def bf16_emulated_matmul(a, b):
+    """`a @ b` as a TPU computes it at DEFAULT precision: bfloat16-rounded operands, float32 products and sums."""
+    import torch
+
+    return torch.matmul(round_to_bf16(a), round_to_bf16(b))
+
+
+@dataclass
+class PrecisionHandle:
+    """What a `precision_mode` block did: the mode and, for tpu_default, the products it rounded, by aten op."""
+
+    mode: str
+    products: Counter = field(default_factory=Counter)
+
+    @property
+    def num_products(self) -> int:
+        """Matrix products intercepted (a decomposed scaled_dot_product_attention counts as its two products)."""
+        return sum(self.products.values())
+
+
+def _tpu_default_modes(handle: PrecisionHandle):
+    """Build the two torch modes behind tpu_default (imported lazily: torch internals)."""
+    import torch
+    import torch.nn.functional as F
+    from torch.overrides import TorchFunctionMode
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class DecomposeAttention(TorchFunctionMode):
+        """Rewrites scaled_dot_product_attention as two matmuls and a float32 softmax, which the dispatch mode rounds.
+
+        As in Flax's dot_product_attention (what the TPU run used), the query is scaled before the first product.
+        """
+
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            if func is F.scaled_dot_product_attention:
+                return _attention_math(*args, **kwargs)
+            return func(*args, **kwargs)
+
+    class RoundProductOperands(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            name = func._schema.name.split("::", 1)[-1]
+            operands = _PRODUCT_OPERANDS.get(name)
+            if operands is not None and any(
+                    isinstance(args[i], torch.Tensor) and args[i].dtype == torch.float32 for i in operands):
+                args = list(args)
+                for i in operands:
+                    args[i] = round_to_bf16(args[i])
+                handle.products[name] += 1
+                return func(*args, **kwargs)
+            if name in _FUSED_PRODUCT_OPS:
+                raise RuntimeError(
+                    f"tpu_default precision reached the fused kernel aten::{name}, whose internal matrix products it "
+                    "cannot round. Run the model with its unfused path (for HuggingFace models "
+                    "attn_implementation='eager' or 'sdpa'; for nn.MultiheadAttention / nn.TransformerEncoderLayer "
+                    "call it with need_weights=True or in training mode) so every product is visible.")
+            return func(*args, **kwargs)
+
+    return DecomposeAttention(), RoundProductOperands()
+
+
+def _attention_math(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+    """scaled_dot_product_attention written out in float32 ops (same semantics as torch's math reference)."""
+    import math
+
+    import torch
+
+    head_dim = query.shape[-1]
+    scale = 1.0 / math.sqrt(head_dim) if scale is None else scale
+    if enable_gqa and key.shape[-3] != query.shape[-3]:
+        repeat = query.shape[-3] // key.shape[-3]
+        key = key.repeat_interleave(repeat, dim=-3)
+        value = value.repeat_interleave(repeat, dim=-3)
+    logits = torch.matmul(query * scale, key.transpose(-2, -1))
+    length_q, length_k = query.shape[-2], key.shape[-2]
+    if is_causal:
+        causal = torch.ones(length_q, length_k, dtype=torch.bool, device=query.device).tril()
+        logits = logits.masked_fill(~causal, float("-inf"))
+    if attn_mask is not None:
+        if attn_mask.dtype == torch.bool:
+            logits = logits.masked_fill(~attn_mask, float("-inf"))
+        else:
+            logits = logits + attn_mask
+    weights = torch.softmax(logits, dim=-1)
+    if dropout_p > 0.0:
+        weights = torch.nn.functional.dropout(weights, p=dropout_p)
+    return torch.matmul(weights, value)
+
+
+@contextlib.contextmanager
+def _no_tf32():
+    """True float32 products on CUDA for the duration (TF32 would round operands to 10 mantissa bits)."""
+    import torch
+
+    saved = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32, torch.get_float32_matmul_precision())
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    torch.set_float32_matmul_precision("highest")
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved[0], saved[1]
+        torch.set_float32_matmul_precision(saved[2])
+
+
+@contextlib.contextmanager
+def _cast_model(model, dtype):
+    """Cast every floating parameter and buffer (and floating forward inputs) to `dtype`; put the originals back.
+
+    The original tensors themselves are restored (not cast back), so a round trip through bfloat16 loses nothing.
+    """
+    import torch
+
+    saved = []
+    for tensor in [*model.parameters(), *model.buffers()]:
+        if tensor.is_floating_point() and tensor.dtype != dtype:
+            saved.append((tensor, tensor.data))
+            tensor.data = tensor.data.to(dtype)
+
+    def cast_inputs(module, args, kwargs):
+        def cast(value):
+            if isinstance(value, torch.Tensor) and value.is_floating_point():
+                return value.to(dtype)
+            return value
+        return tuple(cast(a) for a in args), {k: cast(v) for k, v in kwargs.items()}
+
+    hook = model.register_forward_pre_hook(cast_inputs, with_kwargs=True)
+    try:
+        yield
+    finally:
+        hook.remove()
+        for tensor, data in saved:
+            tensor.data = data
+
+
+@contextlib.contextmanager
+def precision_mode(model, mode: str):
+    """Run `model` (any torch nn.Module; may be None for tpu_default) in precision `mode` inside the block.
+
+    Yields a PrecisionHandle; for tpu_default its `.products` counts the rounded products per aten op. On exit the
+    model's parameters, buffers and the global TF32 flags are exactly what they were.
+    """
+    import torch
+
+    check_mode(mode)
+    if model is None and mode != "tpu_default":
+        raise ValueError(f"precision mode {mode!r} casts a model's weights, so it needs the model (got None)")
+    handle = PrecisionHandle(mode)
+    dtype = {"fp32": torch.float32, "tpu_default": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[mode]
+    with contextlib.ExitStack() as stack:
+        if model is not None:
+            stack.enter_context(_cast_model(model, dtype))
+        if mode in ("fp32", "tpu_default"):
+            stack.enter_context(_no_tf32())
+        if mode == "tpu_default":
+            decompose, round_products = _tpu_default_modes(handle)
+            stack.enter_context(decompose)
+            stack.enter_context(round_products)
+        yield handle
+
+
+def count_matrix_products(model, *args, **kwargs) -> int:
+    """Run `model(*args, **kwargs)` without gradients under tpu_default and return how many products it rounded."""
+    import torch
+
+    with torch.no_grad(), precision_mode(model, "tpu_default") as handle:
+        model(*args, **kwargs)
+    return handle.num_products
