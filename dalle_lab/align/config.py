@@ -1,0 +1,92 @@
+"""Hyper-parameters of the two fine-tuning paths: one dataclass, saved in every alignment checkpoint.
+
+The command line (`python -m dalle_lab.align`) takes its defaults from these classes, so the library and the CLI
+never disagree.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+
+
+@dataclass
+class AlignConfig:
+    """Everything both paths share, plus the knobs of each (unused ones are ignored by the other path)."""
+
+    method: str = "policy_gradient"  # or "reward_backprop"
+    reward: str = "jpeg_compressibility"  # a name or a weighted sum: "jpeg_compressibility:1+shapes_faithfulness:2"
+    epochs: int = 20
+    prompts_per_epoch: int = 8
+    group_size: int = 8  # images sampled per prompt per epoch (GRPO's group; DDPO's per-prompt statistics)
+    sample_batch_size: int = 32
+    train_batch_size: int = 16
+    lr: float = 3e-5
+    weight_decay: float = 0.0
+    max_grad_norm: float = 1.0
+    kl_coef: float = 0.01  # per-token KL penalty to the frozen starting model
+    seed: int = 0
+    time_budget_s: float | None = None  # stop after the epoch that crosses this many seconds of fine-tuning
+    lora_rank: int = 0  # 0 = fine-tune every weight; >0 = train only LoRA adapters of this rank
+    lora_alpha: float = 16.0
+
+    # sampling: the policy the update optimises is exactly this distribution, so the same settings record the
+    # log-probs while sampling and recompute them during the update
+    temperature: float = 1.0
+    top_k: int | None = None  # keep the k most likely image tokens (counted over the image vocabulary only)
+    top_p: float | None = None  # nucleus sampling
+    cond_scale: float = 1.0  # classifier-free guidance scale; 1 = plain conditional sampling
+
+    # policy gradient (PPO on per-token probability ratios)
+    inner_epochs: int = 2
+    clip_range: float = 0.2
+    advantage: str = "per_prompt"  # "per_prompt" (DDPO's tracker) or "group" (GRPO)
+    adv_clip_max: float | None = 5.0
+    stat_buffer_size: int = 32
+    stat_min_count: int = 16
+
+    # reward backpropagation (straight-through Gumbel-softmax)
+    backprop_last_k: int = 16  # gradient flows through the last K sampled image tokens only
+    gumbel_tau: float = 1.0
+
+    # issue 7: score with the reward model in a lower precision, measure the gap to float32 on a fraction of samples
+    reward_precision: str = "fp32"
+    reward_gap_fraction: float = 0.25
+    reward_gap_warn: float = 0.1  # warn when the mean |score(precision) - score(fp32)| exceeds this
+
+    def __post_init__(self):
+        if self.method not in ("policy_gradient", "reward_backprop"):
+            raise ValueError(f"method must be 'policy_gradient' or 'reward_backprop', not {self.method!r}")
+        if self.advantage not in ("per_prompt", "group"):
+            raise ValueError(f"advantage must be 'per_prompt' or 'group', not {self.advantage!r}")
+        if self.group_size < 2 and self.advantage == "group":
+            raise ValueError("group advantages need group_size >= 2 (a group of one has no spread)")
+        if self.backprop_last_k < 1:
+            raise ValueError(f"backprop_last_k must be >= 1 (the reward's gradient reaches the model through the last "
+                             f"K tokens), got {self.backprop_last_k}")
+        for name in ("epochs", "prompts_per_epoch", "group_size", "sample_batch_size", "train_batch_size",
+                     "inner_epochs"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+
+    def sampling_kwargs(self) -> dict:
+        return {"temperature": self.temperature, "top_k": self.top_k, "top_p": self.top_p,
+                "cond_scale": self.cond_scale}
+
+    @property
+    def samples_per_epoch(self) -> int:
+        return self.prompts_per_epoch * self.group_size
+
+
+def to_dict(config) -> dict:
+    return asdict(config)
+
+
+def from_dict(values: dict, cls=None):
+    """Rebuild a config from a checkpoint, ignoring keys this version no longer has (named in the warning)."""
+    cls = cls or AlignConfig
+    known = {f.name for f in fields(cls)}
+    unknown = sorted(set(values) - known)
+    if unknown:
+        import warnings
+
+        warnings.warn(f"ignoring unknown {cls.__name__} fields from a checkpoint: {unknown}")
+    return cls(**{k: v for k, v in values.items() if k in known})

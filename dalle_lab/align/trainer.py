@@ -1,0 +1,326 @@
+"""The run machinery both fine-tuning paths share: prompts per epoch, the frozen reference, LoRA, the optimiser,
+checkpoints that resume, per-epoch logs, the reward-curve plot, sample grids and the exported model.
+
+A subclass supplies `train_epoch(prompts) -> dict of logged numbers` (policy_gradient.py, reward_backprop.py).
+Files written under `out_dir`:
+    align_state.pt          everything needed to resume (trainable weights, optimiser, RNG, stat tracker, history)
+    log.jsonl               one line of logged numbers per epoch
+    reward_curve.png        reward mean +- std against images sampled, and the KL to the starting model
+    samples_before.png, samples_after.png   one image per evaluation prompt, same seed
+    dalle_aligned.pt        the fine-tuned model in the standard checkpoint format (generate.py loads it)
+"""
+from __future__ import annotations
+
+import copy
+import json
+import math
+import time
+import warnings
+from pathlib import Path
+from typing import Callable, Sequence
+
+import numpy as np
+import torch
+
+from dalle_lab.align.config import AlignConfig, from_dict, to_dict
+from dalle_lab.align.rewards import RewardWorker, get_reward
+
+STATE_FILE = "align_state.pt"
+STATE_FORMAT = "dalle_lab.align_state/1"
+
+
+def chunks(items, size: int):
+    """Consecutive slices of a list or tensor, `size` at a time."""
+    for start in range(0, len(items), size):
+        yield items[start:start + size]
+
+
+class AlignTrainer:
+    needs_reference = False  # subclasses whose loss has a KL term to the starting model set this
+
+    def __init__(self, dalle, tokenizer, config: AlignConfig, prompts: Sequence[str], out_dir,
+                 *, reward: Callable | None = None, eval_prompts: Sequence[str] | None = None,
+                 reward_options: dict | None = None, resume: bool = True, log_fn: Callable[[str], None] = print):
+        if not prompts:
+            raise ValueError("fine-tuning needs at least one prompt (--prompts FILE with one caption per line)")
+        self.dalle = dalle.eval()  # eval: no dropout, so recorded and recomputed log-probs agree
+        self.tokenizer = tokenizer
+        self.config = config
+        self.prompts = list(prompts)
+        self.eval_prompts = list(eval_prompts) if eval_prompts else list(dict.fromkeys(self.prompts))[:8]
+        self.out_dir = Path(out_dir)
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        self.log_fn = log_fn
+        self.device = next(p for p in dalle.parameters()).device
+        torch.manual_seed(config.seed)
+        self.generator = torch.Generator().manual_seed(config.seed)
+
+        self.reward_options = dict(reward_options or {})
+        if config.reward_precision != "fp32":
+            self.reward_options["precision"] = config.reward_precision
+        self.reward = reward if reward is not None else get_reward(config.reward, **self.reward_options)
+        self.reward_worker = RewardWorker(self.reward)
+
+        self.lora_modules = []
+        if config.lora_rank > 0:
+            from dalle_lab.align.lora import add_lora
+
+            self.lora_modules = add_lora(self.dalle, rank=config.lora_rank, alpha=config.lora_alpha)
+        self.trainable = self._trainable_parameters()
+        self.reference = self._make_reference() if (self.needs_reference and config.kl_coef > 0) else None
+        self.optimizer = torch.optim.AdamW(self.trainable, lr=config.lr, weight_decay=config.weight_decay)
+
+        self.epoch = 0
+        self.images_sampled = 0
+        self.elapsed_s = 0.0
+        self.history: list[dict] = []
+        self._build_extra_state()
+        if resume and (self.out_dir / STATE_FILE).exists():
+            self.load_state(self.out_dir / STATE_FILE)
+
+    # ------------------------------------------------------------ hooks for subclasses
+
+    def _build_extra_state(self) -> None:
+        pass
+
+    def extra_state_dict(self) -> dict:
+        return {}
+
+    def load_extra_state(self, state: dict) -> None:
+        pass
+
+    def train_epoch(self, prompts: list[str]) -> dict:
+        raise NotImplementedError
+
+    # ------------------------------------------------------------ model plumbing
+
+    def _transformer_parameters(self):
+        # DALLE keeps its frozen VAE out of parameters() and state_dict(), so these are the transformer's own.
+        return list(self.dalle.named_parameters())
+
+    def _trainable_parameters(self) -> list:
+        if self.lora_modules:
+            from dalle_lab.align.lora import lora_parameters
+
+            for _, p in self._transformer_parameters():
+                p.requires_grad_(False)
+            params = lora_parameters(self.dalle)
+            for p in params:
+                p.requires_grad_(True)
+            return params
+        params = [p for _, p in self._transformer_parameters()]
+        for p in params:
+            p.requires_grad_(True)
+        return params
+
+    def _make_reference(self):
+        """The frozen starting model. With LoRA the base weights are the reference (adapters switched off), so no
+        copy is made; otherwise a deep copy that shares the (frozen) VAE instead of duplicating it."""
+        if self.lora_modules:
+            return None
+        vae = getattr(self.dalle, "vae", None)
+        memo = {id(vae): vae} if vae is not None else {}
+        reference = copy.deepcopy(self.dalle, memo).eval()
+        for p in reference.parameters():
+            p.requires_grad_(False)
+        return reference
+
+    @property
+    def has_reference(self) -> bool:
+        """Whether the loss has a KL term to the starting model (LoRA runs get it from the adapters switched off)."""
+        return self.needs_reference and self.config.kl_coef > 0
+
+    @torch.no_grad()
+    def reference_logprobs(self, text, tokens):
+        """(B, N, V) log-probs of the starting model's plain conditional next-token distribution."""
+        if self.lora_modules:
+            from dalle_lab.align.lora import lora_disabled
+
+            with lora_disabled(self.dalle):
+                logits = self.dalle.logits(text, tokens)
+        else:
+            logits = self.reference.logits(text, tokens)
+        return torch.log_softmax(logits.float(), dim=-1)
+
+    def tokenize(self, prompts: Sequence[str]):
+        return self.tokenizer.tokenize(list(prompts), self.dalle.config.text_seq_len).to(self.device)
+
+    @torch.no_grad()
+    def sample(self, text):
+        """(images, tokens, log-probs of the sampled tokens under the sampling distribution); the global torch RNG
+        draws the tokens (its state is saved with every checkpoint, so a resumed run continues the same stream)."""
+        tokens, logprobs = self.dalle.generate_images(
+            text, return_tokens=True, return_logprobs=True, **self.config.sampling_kwargs())
+        return self.dalle.vae.decode(tokens), tokens, logprobs
+
+    def step(self, loss) -> float:
+        """One optimiser step with gradient clipping; returns the gradient norm before clipping."""
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        norm = torch.nn.utils.clip_grad_norm_(self.trainable, self.config.max_grad_norm)
+        self.optimizer.step()
+        return float(norm)
+
+    # ------------------------------------------------------------ logging helpers
+
+    @staticmethod
+    def reward_summary(rewards) -> dict:
+        rewards = np.asarray(torch.as_tensor(rewards).detach().float().cpu(), dtype=np.float64)
+        se = rewards.std(ddof=1) / math.sqrt(len(rewards)) if len(rewards) > 1 else float("nan")
+        return {"reward_mean": float(rewards.mean()), "reward_std": float(rewards.std()), "reward_se": float(se)}
+
+    def reward_precision_gap(self, images, prompts) -> dict:
+        """Issue 7: when the reward model runs in a lower precision, re-score a fraction of this epoch's images in
+        float32 and log the mean absolute gap, warning when it exceeds `reward_gap_warn`."""
+        cfg = self.config
+        if cfg.reward_precision == "fp32":
+            return {}
+        from dalle_lab.align.precision import reward_gap
+
+        count = max(1, int(round(cfg.reward_gap_fraction * len(prompts))))
+        index = torch.randperm(len(prompts), generator=self.generator)[:count]
+        gap = reward_gap(self.reward, images[index], [prompts[i] for i in index.tolist()],
+                         precision=cfg.reward_precision)
+        gap = float(gap)
+        if gap > cfg.reward_gap_warn:
+            warnings.warn(f"epoch {self.epoch}: the reward in {cfg.reward_precision} differs from float32 by {gap:.4f} "
+                          f"on average (threshold {cfg.reward_gap_warn}); the policy may be optimising a precision "
+                          f"artefact (see docs/align.md)")
+        return {"reward_gap": gap}
+
+    # ------------------------------------------------------------ the loop
+
+    def epoch_prompts(self, epoch: int) -> list[str]:
+        """`prompts_per_epoch` prompts drawn from the pool (deterministically from seed and epoch), each repeated
+        `group_size` times so per-prompt statistics have a group to work with."""
+        cfg = self.config
+        rng = np.random.default_rng([cfg.seed, epoch])
+        pool = list(dict.fromkeys(self.prompts))
+        chosen = rng.choice(len(pool), size=cfg.prompts_per_epoch, replace=len(pool) < cfg.prompts_per_epoch)
+        return [pool[i] for i in chosen for _ in range(cfg.group_size)]
+
+    def out_of_time(self) -> bool:
+        budget = self.config.time_budget_s
+        return budget is not None and self.elapsed_s >= budget
+
+    def train(self) -> list[dict]:
+        cfg = self.config
+        if self.epoch == 0 and not self.history:
+            self.save_grid(self.out_dir / "samples_before.png")
+        while self.epoch < cfg.epochs and not self.out_of_time():
+            start = time.perf_counter()
+            prompts = self.epoch_prompts(self.epoch)
+            log = self.train_epoch(prompts)
+            self.elapsed_s += time.perf_counter() - start
+            self.images_sampled += len(prompts)
+            log = {"epoch": self.epoch, "images_sampled": self.images_sampled,
+                   "elapsed_s": round(self.elapsed_s, 2), **log}
+            self.history.append(log)
+            self.epoch += 1
+            self._write_log(log)
+            self.save_state()
+            self.plot_curve()
+        self.reward_worker.close()
+        self.save_grid(self.out_dir / "samples_after.png")
+        self.export(self.out_dir / "dalle_aligned.pt")
+        return self.history
+
+    def _write_log(self, log: dict) -> None:
+        with open(self.out_dir / "log.jsonl", "a", encoding="utf-8") as handle:
+            handle.write(json.dumps(log) + "\n")
+        shown = ("reward_mean", "reward_std", "kl_ref_image", "approx_kl", "clipfrac", "entropy", "reward_gap")
+        parts = [f"{k} {log[k]:.4g}" for k in shown if k in log]
+        self.log_fn(f"[align] epoch {log['epoch']} images {log['images_sampled']} "
+                    f"{log['elapsed_s']:.0f}s: " + ", ".join(parts))
+
+    # ------------------------------------------------------------ files
+
+    def save_state(self) -> Path:
+        from dalle_lab.training.checkpoint import capture_rng
+        from dalle_lab.utils import atomic_torch_save
+
+        if self.lora_modules:
+            from dalle_lab.align.lora import lora_state_dict
+
+            weights = lora_state_dict(self.dalle)
+        else:
+            weights = {name: p.detach().clone() for name, p in self._transformer_parameters()}
+        state = {
+            "format": STATE_FORMAT,
+            "config": to_dict(self.config),
+            "weights": weights,
+            "optimizer": self.optimizer.state_dict(),
+            "epoch": self.epoch,
+            "images_sampled": self.images_sampled,
+            "elapsed_s": self.elapsed_s,
+            "history": self.history,
+            "rng": capture_rng(),
+            "generator": self.generator.get_state(),
+            "extra": self.extra_state_dict(),
+        }
+        return atomic_torch_save(state, self.out_dir / STATE_FILE)
+
+    def load_state(self, path) -> None:
+        from dalle_lab.training.checkpoint import restore_rng
+
+        state = torch.load(path, map_location="cpu", weights_only=True)
+        if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
+            raise ValueError(f"{path} is not an alignment state file; remove it or choose another --out_dir")
+        saved = from_dict(state["config"])
+        for name in ("method", "reward", "lora_rank"):
+            if getattr(saved, name) != getattr(self.config, name):
+                raise ValueError(f"{path} was written by a run with {name}={getattr(saved, name)!r}, this run has "
+                                 f"{getattr(self.config, name)!r}; use the same settings to resume, or another "
+                                 f"--out_dir to start afresh")
+        params = dict(self.dalle.named_parameters())
+        missing = [name for name in state["weights"] if name not in params]
+        if missing:
+            raise ValueError(f"{path} holds weights this model lacks ({missing[:3]}); was it another model?")
+        with torch.no_grad():
+            for name, value in state["weights"].items():
+                params[name].copy_(value)
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.epoch, self.images_sampled = state["epoch"], state["images_sampled"]
+        self.elapsed_s, self.history = state["elapsed_s"], list(state["history"])
+        restore_rng(state["rng"])
+        self.generator.set_state(state["generator"])
+        self.load_extra_state(state["extra"])
+        self.log_fn(f"[align] resumed {path} at epoch {self.epoch} ({self.images_sampled} images sampled)")
+
+    @torch.no_grad()
+    def save_grid(self, path, seed: int = 1234) -> Path:
+        """One image per evaluation prompt from a fixed seed (the global RNG is left as it was)."""
+        from dalle_lab.viz.grid import save_grid
+
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            images = []
+            for batch in chunks(self.eval_prompts, self.config.sample_batch_size):
+                images.append(self.sample(self.tokenize(batch))[0].cpu())
+        return save_grid(torch.cat(images), path, captions=self.eval_prompts, scale=4, nrow=4)
+
+    def plot_curve(self) -> Path:
+        from dalle_lab.align.plots import plot_reward_curves
+
+        return plot_reward_curves({self.config.method: self.history}, self.out_dir / "reward_curve.png",
+                                  title=f"{self.config.reward} ({self.config.method})")
+
+    def merged_model(self):
+        """The fine-tuned transformer with LoRA adapters folded into the base weights (a copy when LoRA is used)."""
+        if not self.lora_modules:
+            return self.dalle
+        from dalle_lab.align.lora import merged_copy
+
+        return merged_copy(self.dalle)
+
+    def export(self, path) -> Path:
+        """Write the fine-tuned model in the standard checkpoint format, so generate.py and load_dalle read it."""
+        from dalle_lab.training.checkpoint import make_checkpoint, model_state_without_vae, save_checkpoint
+
+        model = self.merged_model()
+        checkpoint = make_checkpoint(
+            config=self.dalle.config.to_dict(), tokenizer_identity=self.tokenizer.identity,
+            vae_identity=self.dalle.vae.identity, model=model_state_without_vae(model),
+            align={"config": to_dict(self.config), "epochs": self.epoch, "images_sampled": self.images_sampled},
+        )
+        return save_checkpoint(checkpoint, path)
