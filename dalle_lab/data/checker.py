@@ -124,9 +124,11 @@ def _unmix(rgb: np.ndarray, background_rgb: np.ndarray) -> tuple[np.ndarray, np.
     offset = rgb - background_rgb  # (H, W, 3)
     directions = _PALETTE_RGB - background_rgb  # (C, 3)
     norms = np.maximum((directions**2).sum(-1), 1.0)  # a palette colour equal to the background has no direction
-    alphas = offset @ directions.T / norms  # (H, W, C)
-    fitted = np.clip(alphas, 0.0, 1.0)[..., None] * directions  # (H, W, C, 3)
-    residual = ((offset[..., None, :] - fitted) ** 2).sum(-1)
+    projections = offset @ directions.T  # (H, W, C)
+    alphas = projections / norms
+    clipped = np.clip(alphas, 0.0, 1.0)
+    # |offset - a d|^2 expanded, so no (H, W, C, 3) array is built.
+    residual = (offset**2).sum(-1, keepdims=True) - 2 * clipped * projections + clipped**2 * norms
     labels = residual.argmin(-1)
     alpha = np.take_along_axis(alphas, labels[..., None], -1)[..., 0]
     return labels, alpha, alphas
@@ -139,28 +141,36 @@ def _template(shape: str, x: float, y: float, side: float, size: int) -> np.ndar
     return canvas
 
 
-def _fit_shape(coverage: np.ndarray, size: int) -> DetectedObject | None:
-    """Shape, side and centre of one object's coverage map (zeros outside its neighbourhood)."""
+def _fit_shape(coverage: np.ndarray, window: tuple[slice, slice], size: int) -> DetectedObject | None:
+    """Shape, side and centre of one object from its coverage map, looking only inside `window`."""
     from scipy.ndimage import gaussian_filter
 
+    coverage = coverage[window]
     area = float(coverage.sum())
     if area <= 0:
         return None
-    centres = np.arange(size, dtype=np.float64) + 0.5
-    cx = float((coverage.sum(0) * centres).sum() / area) / size
-    cy = float((coverage.sum(1) * centres).sum() / area) / size
+    rows, cols = window
+    cx = float((coverage.sum(0) * (np.arange(cols.start, cols.stop) + 0.5)).sum() / area) / size
+    cy = float((coverage.sum(1) * (np.arange(rows.start, rows.stop) + 0.5)).sum() / area) / size
     best = None
     for shape in SHAPES:
         side = math.sqrt(area / _FILL[shape]) / size
         # The centroid of an upright triangle lies side/6 below its bounding box centre.
         y = cy - side / 6 if shape == "triangle" else cy
-        template = _template(shape, cx, y, side, size)
+        template = _template(shape, cx, y, side, size)[window]
         for blur in _TEMPLATE_BLURS:
             blurred = gaussian_filter(template, blur * size / 32) if blur else template
             error = float(((coverage - blurred) ** 2).sum())
             if best is None or error < best[0]:
                 best = (error, DetectedObject("", shape, cx, y, side, area))
     return best[1]
+
+
+def _window(mask: np.ndarray, pad: int) -> tuple[slice, slice]:
+    rows, cols = np.nonzero(mask)
+    size = mask.shape[0]
+    return (slice(max(0, rows.min() - pad), min(size, rows.max() + pad + 1)),
+            slice(max(0, cols.min() - pad), min(size, cols.max() + pad + 1)))
 
 
 def analyse(image) -> Analysis:
@@ -196,7 +206,9 @@ def analyse(image) -> Analysis:
         neighbourhood = ndimage.binary_dilation(mask, iterations=2) & ~(all_objects & ~mask)
         # Clip to [-0.5, 1.5] rather than [0, 1] so background noise averages out instead of adding area.
         coverage = np.where(neighbourhood, np.clip(alphas[..., index], -0.5, 1.5), 0.0)
-        found = _fit_shape(coverage, size)
+        # Room for a template misplaced by the shape guess and for the widest blur.
+        pad = 2 + math.ceil(3 * max(_TEMPLATE_BLURS) * size / 32) + int(mask.sum() ** 0.5) // 2
+        found = _fit_shape(coverage, _window(mask, pad), size)
         if found is not None:
             found.color = _COLOR_NAMES[index]
             objects.append(found)
