@@ -97,3 +97,22 @@ def test_inputs_and_backends_are_checked(tmp_path, caption_file):
     # Strings inside a list are captions, PathLike items are files: the two mix.
     tok = train_bpe(["xylophone quartet", Path(caption_file)], 80, tmp_path / "mixed.model")
     assert 1 not in tok.encode("xylophone quartet") and 1 not in tok.encode("a cat on a mat")
+
+
+def test_non_utf8_caption_file_is_named(tmp_path):
+    latin1 = tmp_path / "latin1.txt"
+    latin1.write_bytes("un caf\xe9 cr\xe8me\n".encode("latin1"))
+    with pytest.raises(ValueError, match="latin1.txt is not UTF-8"):
+        train_bpe(latin1, 50, tmp_path / "v.model")
+
+
+def test_shapes_recipe_rebuilds_an_equivalent_vocabulary(tmp_path):
+    from dalle_lab.data.shapes import all_captions
+    from dalle_lab.tokenizers import train_shapes_vocab
+
+    shipped = get_tokenizer()
+    rebuilt = train_shapes_vocab(tmp_path / "shapes.model")
+    assert rebuilt.vocab_size == shipped.vocab_size
+    captions = all_captions()[::7]
+    assert [len(ids) for ids in rebuilt.encode_batch(captions)] == [len(c.split()) for c in captions]
+    assert rebuilt.known_characters() == shipped.known_characters()

@@ -51,9 +51,10 @@ def main(argv: list[str] | None = None) -> int:
         sources += all_captions()
         extra_characters = SHAPES_EXTRA_CHARACTERS
     try:
-        tokenizer = train_bpe(sources, args.vocab_size, args.output, backend=args.backend,
+        captions = collect_captions(sources)
+        tokenizer = train_bpe(captions, args.vocab_size, args.output, backend=args.backend,
                               extra_characters=extra_characters, verbose=args.verbose)
-        lengths = caption_lengths(tokenizer, collect_captions(sources))
+        lengths = caption_lengths(tokenizer, captions)
     except (ValueError, FileNotFoundError, RuntimeError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

@@ -42,7 +42,11 @@ def read_captions(source: Source) -> Iterator[str]:
         yield from iter_folder_captions(path)
     elif path.is_file():
         with open(path, encoding="utf-8") as handle:
-            yield from handle
+            try:
+                yield from handle
+            except UnicodeDecodeError as error:
+                raise ValueError(f"caption file {path} is not UTF-8 text ({error}); convert it, e.g. "
+                                 f"`iconv -f latin1 -t utf-8 {path.name} > captions.utf8.txt`") from error
     else:
         raise FileNotFoundError(
             f"caption source {path} does not exist: pass a text file with one caption a line, or an image-text "
@@ -60,7 +64,8 @@ def collect_captions(texts_or_paths: Source | Iterable[Source]) -> list[str]:
         raw = _expand(texts_or_paths)
     captions = [caption for caption in map(normalize_caption, raw) if caption]
     if not captions:
-        raise ValueError(f"no non-empty captions found in {texts_or_paths!r}: nothing to train a vocabulary on")
+        where = texts_or_paths if isinstance(texts_or_paths, (str, os.PathLike)) else "the given captions"
+        raise ValueError(f"no non-empty captions found in {where}: nothing to train a vocabulary on")
     return captions
 
 
@@ -74,8 +79,14 @@ def _expand(items: Iterable[Source]) -> Iterator[str]:
 
 def minimum_vocab_size(captions: Iterable[str], extra_characters: str = "") -> int:
     """The smallest vocab_size that can spell every character of the (normalised) captions."""
-    characters = {ch for caption in captions for ch in caption if ch != " "} | set(extra_characters) - {" "}
-    return len(characters) + _FIXED_TOKENS
+    return len(_alphabet(captions, extra_characters)) + _FIXED_TOKENS
+
+
+def _alphabet(captions: Iterable[str], extra_characters: str = "") -> list[str]:
+    """Every character a vocabulary must spell (spaces are word boundaries, not tokens), sorted."""
+    characters = {ch for caption in captions for ch in caption} | set(extra_characters)
+    characters.discard(" ")
+    return sorted(characters)
 
 
 def backend_from_suffix(output_path: Source, backend: str | None) -> str:
@@ -138,7 +149,7 @@ def _train_yttm(captions: list[str], vocab_size: int, output: Path, extra_charac
     corpus = output.with_suffix(".txt")
     lines = list(captions)
     if extra_characters:
-        lines.append(" ".join(sorted(set(extra_characters) - {" "})))
+        lines.append(" ".join(_alphabet([], extra_characters)))
     corpus.write_text("\n".join(lines) + "\n", encoding="utf-8")
     with contextlib.nullcontext() if verbose else _silenced_stderr():
         # coverage=1.0 keeps every character; pad/unk/bos/eos keep youtokentome's defaults 0/1/2/3.
@@ -152,7 +163,7 @@ def _train_hf(captions: list[str], vocab_size: int, output: Path, extra_characte
     tokenizer.normalizer = normalizers.Lowercase()  # so the file also lower-cases when used outside dalle_lab
     tokenizer.pre_tokenizer = pre_tokenizers.Metaspace()  # "▁" marks word starts, as in youtokentome
     tokenizer.decoder = decoders.Metaspace()
-    alphabet = sorted({ch for caption in captions for ch in caption if ch != " "} | set(extra_characters) - {" "})
+    alphabet = _alphabet(captions, extra_characters)
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
         # youtokentome's names and order: id 0 is <PAD>, so HFTokenizer needs no id shift for files trained here.
