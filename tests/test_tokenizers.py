@@ -152,6 +152,7 @@ def test_foreign_hf_json_is_shifted_so_pad_stays_zero(tmp_path):
     assert tok.encode("a red circle") == [1, 2, 3]  # file ids 0, 1, 2 shifted by one
     assert tok.decode(tok.tokenize("a red circle", 6)[0]) == "a red circle"
     assert tok.encode("a blue circle") == [1, 4, 3]  # unk (file id 3) shifted too
+    assert tok.unknown_characters("a blue circle") == set()  # a word-level file has no alphabet to check
 
 
 def test_hf_json_without_unk_refuses_characters_it_would_drop(tmp_path):
@@ -200,3 +201,18 @@ def test_hf_pad_token_text_inside_a_caption_is_refused(tmp_path):
     assert tok.id_offset == 0 and tok.encode("a cat") == [2, 3]
     with pytest.raises(ValueError, match="pad token"):
         tok.encode("a <pad> cat")
+
+
+def test_byte_level_hf_json_spells_anything(tmp_path):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    byte_level = Tokenizer(models.BPE())
+    byte_level.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    byte_level.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=300, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                  show_progress=False)
+    byte_level.train_from_iterator(["a red circle", "a blue square"], trainer)
+    tok = get_tokenizer(_save_hf(byte_level, tmp_path / "bytes.json"))
+    assert tok.id_offset == 1 and tok.unknown_characters("a red ☃") == set()
+    ids = tok.encode("a red ☃")
+    assert PAD_ID not in ids and tok.decode(ids) == "a red ☃"

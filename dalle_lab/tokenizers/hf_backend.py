@@ -14,9 +14,9 @@ from dalle_lab.tokenizers.base import PAD_ID, TextTokenizer, shorten
 
 
 def _spelled_characters(model: dict) -> set[str] | None:
-    """Single characters a BPE/WordPiece vocabulary holds (its alphabet), or None when it can spell any text:
-    byte-level vocabularies, byte fallback, or model types this check does not understand."""
-    if model.get("byte_fallback") or not isinstance(model.get("vocab"), dict):
+    """Single characters a BPE vocabulary holds (its alphabet), or None when that does not bound what it can
+    encode: byte fallback, or other model types (WordLevel/WordPiece/Unigram handle unknowns themselves)."""
+    if model.get("type") != "BPE" or model.get("byte_fallback") or not isinstance(model.get("vocab"), dict):
         return None
     prefixes = [p for p in (model.get("continuing_subword_prefix"), "▁") if p]
     alphabet = set()
