@@ -1,0 +1,136 @@
+"""Where training batches come from, and how far into them a run has got (so a resume continues exactly).
+
+Every source yields (captions, images) for this rank: a list of strings and a float tensor (B, 3, H, W) in [0, 1].
+Each source reports a `position` dict that goes into the checkpoint and is handed back to resume.
+
+- ShapesStream: the built-in Shapes data, freshly rendered. Sample i of the stream is a deterministic function of
+  (seed, i); rank r of W takes the rank-strided indices base + r, base + r + W, ..., so W processes with batch b see
+  exactly the samples one process with batch W*b would see.
+- FolderBatches: an image-text folder, reshuffled every epoch from (seed, epoch), split rank-strided.
+- WebDatasetBatches: WebDataset shards (the loader splits shards across ranks); resume skips consumed batches.
+"""
+from __future__ import annotations
+
+import torch
+
+SHAPES_SPLIT = "train"
+# The stream is unbounded in practice; ShapesDataset wants a length, and 2**31 - 1 samples is never exhausted.
+SHAPES_STREAM_LENGTH = 2**31 - 1
+
+
+class ShapesStream:
+    def __init__(self, batch_size: int, image_size: int, seed: int = 0, rank: int = 0, world_size: int = 1,
+                 position: dict | None = None):
+        from dalle_lab.data.shapes import ShapesDataset
+
+        self.dataset = ShapesDataset(split=SHAPES_SPLIT, length=SHAPES_STREAM_LENGTH, image_size=image_size, seed=seed)
+        self.batch_size, self.rank, self.world_size = batch_size, rank, world_size
+        self.samples = int(position["samples"]) if position else 0  # global samples consumed, all ranks together
+        self.epoch = 0  # the stream never ends: one endless epoch
+
+    @property
+    def position(self) -> dict:
+        return {"kind": "shapes", "samples": self.samples}
+
+    def next_batch(self):
+        start = self.samples + self.rank
+        indices = [start + j * self.world_size for j in range(self.batch_size)]
+        self.samples += self.batch_size * self.world_size
+        images, captions = self.dataset.batch(indices)
+        return captions, images
+
+
+class FolderBatches:
+    """A map-style dataset of (image, caption), epoch by epoch; drops the last incomplete global batch."""
+
+    def __init__(self, dataset, batch_size: int, seed: int = 0, rank: int = 0, world_size: int = 1,
+                 position: dict | None = None, num_workers: int = 0):
+        self.dataset, self.batch_size, self.seed = dataset, batch_size, seed
+        self.rank, self.world_size, self.num_workers = rank, world_size, num_workers
+        self.epoch = int(position["epoch"]) if position else 0
+        self.batch_in_epoch = int(position["batch"]) if position else 0
+        self.batches_per_epoch = len(dataset) // (batch_size * world_size)
+        if self.batches_per_epoch == 0:
+            raise ValueError(f"the dataset has {len(dataset)} usable samples, fewer than one global batch "
+                             f"({batch_size} x {world_size} processes); lower --batch_size")
+        self._iterator = None
+
+    @property
+    def position(self) -> dict:
+        return {"kind": "folder", "epoch": self.epoch, "batch": self.batch_in_epoch}
+
+    def _epoch_indices(self) -> list[int]:
+        generator = torch.Generator().manual_seed(self.seed * 100_003 + self.epoch)
+        order = torch.randperm(len(self.dataset), generator=generator).tolist()
+        usable = order[: self.batches_per_epoch * self.batch_size * self.world_size]
+        mine = usable[self.rank :: self.world_size]
+        return mine[self.batch_in_epoch * self.batch_size :]
+
+    def _start_epoch(self):
+        from torch.utils.data import DataLoader
+
+        indices = self._epoch_indices()
+        batches = [indices[i : i + self.batch_size] for i in range(0, len(indices), self.batch_size)]
+        loader = DataLoader(self.dataset, batch_sampler=batches, num_workers=self.num_workers,
+                            collate_fn=_collate)
+        self._iterator = iter(loader)
+
+    def next_batch(self):
+        if self.batch_in_epoch >= self.batches_per_epoch:
+            self.epoch += 1
+            self.batch_in_epoch = 0
+            self._iterator = None
+        if self._iterator is None:
+            self._start_epoch()
+        batch = next(self._iterator)
+        self.batch_in_epoch += 1
+        return batch
+
+
+class WebDatasetBatches:
+    """WebDataset shards through dalle_lab.data.webdataset_loader. Resume replays the stream and skips the batches
+    already consumed (shards stream; there is no random access), so the position is the batch count."""
+
+    def __init__(self, urls, batch_size: int, image_size: int, image_key: str = "jpg", caption_key: str = "txt",
+                 seed: int = 0, position: dict | None = None):
+        self.make_loader = lambda epoch: _webdataset_loader(urls, batch_size, image_size, image_key, caption_key,
+                                                            seed + epoch)
+        self.epoch = int(position["epoch"]) if position else 0
+        self.batches = int(position["batch"]) if position else 0
+        self._iterator = None
+
+    @property
+    def position(self) -> dict:
+        return {"kind": "webdataset", "epoch": self.epoch, "batch": self.batches}
+
+    def next_batch(self):
+        if self._iterator is None:
+            self._iterator = iter(self.make_loader(self.epoch))
+            for _ in range(self.batches):
+                next(self._iterator)
+        try:
+            batch = next(self._iterator)
+        except StopIteration:
+            self.epoch, self.batches = self.epoch + 1, 0
+            self._iterator = iter(self.make_loader(self.epoch))
+            batch = next(self._iterator)
+        self.batches += 1
+        images, captions = batch
+        return list(captions), images
+
+
+def _webdataset_loader(urls, batch_size, image_size, image_key, caption_key, seed):
+    from dalle_lab.data import webdataset_loader
+
+    return webdataset_loader(urls, batch_size=batch_size, image_size=image_size, image_key=image_key,
+                             caption_key=caption_key, seed=seed)
+
+
+def _collate(items):
+    images, captions = zip(*items)
+    return list(captions), torch.stack(list(images))
+
+
+def epoch_size(source) -> int | None:
+    """Optimizer steps are counted by the loop; this is the batches in one epoch (None: endless stream)."""
+    return getattr(source, "batches_per_epoch", None)

@@ -1,0 +1,198 @@
+"""The one checkpoint format, for plain and DeepSpeed training, and for generation.
+
+A checkpoint is a single file holding a dict (see docs/interfaces.md):
+
+    format          CHECKPOINT_FORMAT
+    config          DALLEConfig as a dict: rebuilds the transformer exactly
+    tokenizer       the text tokenizer's identity (kind, path, sha256)
+    vae             the image tokenizer's identity (its weights are never copied in)
+    model           the transformer's state dict (float32, consolidated from ZeRO shards)
+  training checkpoints add
+    optimizer, scheduler, scaler, step, epoch, data_position, rng (one entry per rank),
+    train_config, wandb_run_id, nonfinite_skipped, deepspeed (DeepSpeed's own engine files, see deepspeed_engine.py)
+
+It is written atomically (temporary file + rename, dalle_lab.utils.atomic_torch_save) and read with
+`torch.load(weights_only=True)`, which is why every RNG state is stored as tensors and plain lists.
+"""
+from __future__ import annotations
+
+import os
+import random
+import re
+from pathlib import Path
+from typing import Any
+
+CHECKPOINT_FORMAT = "dalle_lab.checkpoint/1"
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that is missing, unreadable, or does not fit what the caller is using."""
+
+
+# ---------------------------------------------------------------- RNG states as weights_only-safe values
+
+def capture_rng() -> dict:
+    import numpy as np
+    import torch
+
+    version, mt_state, gauss = random.getstate()
+    np_kind, np_keys, np_pos, np_has_gauss, np_gauss = np.random.get_state()
+    state = {
+        "torch": torch.get_rng_state(),
+        "python": {"version": version, "state": torch.tensor(mt_state, dtype=torch.int64), "gauss": gauss},
+        "numpy": {"kind": np_kind, "keys": torch.from_numpy(np_keys.astype(np.int64)), "pos": int(np_pos),
+                  "has_gauss": int(np_has_gauss), "gauss": float(np_gauss)},
+    }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def restore_rng(state: dict) -> None:
+    import numpy as np
+    import torch
+
+    torch.set_rng_state(state["torch"])
+    py = state["python"]
+    random.setstate((py["version"], tuple(int(v) for v in py["state"].tolist()), py["gauss"]))
+    nps = state["numpy"]
+    np.random.set_state((nps["kind"], nps["keys"].numpy().astype(np.uint32), nps["pos"], nps["has_gauss"],
+                         nps["gauss"]))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+# ---------------------------------------------------------------- writing
+
+def model_state_without_vae(model) -> dict:
+    """The transformer's weights only: a frozen VAE attached to the model is recorded by identity instead."""
+    return {k: v for k, v in model.state_dict().items() if not k.startswith("vae.")}
+
+
+def make_checkpoint(*, config: dict, tokenizer_identity: dict, vae_identity: dict, model: dict,
+                    **training_state: Any) -> dict:
+    return {
+        "format": CHECKPOINT_FORMAT,
+        "config": dict(config),
+        "tokenizer": dict(tokenizer_identity),
+        "vae": dict(vae_identity),
+        "model": model,
+        **training_state,
+    }
+
+
+def save_checkpoint(checkpoint: dict, path: str | os.PathLike) -> Path:
+    from dalle_lab.utils import atomic_torch_save
+
+    return atomic_torch_save(checkpoint, path)
+
+
+def step_checkpoint_path(directory: str | os.PathLike, name: str, step: int) -> Path:
+    return Path(directory) / f"{name}-step{step:08d}.pt"
+
+
+def rotate_checkpoints(directory: str | os.PathLike, name: str, keep_n: int | None) -> list[Path]:
+    """Delete all but the newest `keep_n` step checkpoints of run `name`; returns the deleted paths."""
+    if not keep_n or keep_n <= 0:
+        return []
+    pattern = re.compile(rf"^{re.escape(name)}-step(\d+)\.pt$")
+    found = sorted(
+        (int(m.group(1)), p) for p in Path(directory).glob(f"{name}-step*.pt") if (m := pattern.match(p.name))
+    )
+    doomed = [p for _, p in found[:-keep_n]]
+    for p in doomed:
+        p.unlink(missing_ok=True)
+    return doomed
+
+
+# ---------------------------------------------------------------- reading
+
+def read_checkpoint(path: str | os.PathLike, map_location="cpu") -> dict:
+    """Load and validate a checkpoint file, with errors that say what is wrong and what to do."""
+    import pickle
+
+    import torch
+
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint {path} does not exist: pass the .pt file train_dalle.py wrote "
+                              f"(by default runs/dalle/dalle.pt)")
+    try:
+        ckpt = torch.load(path, map_location=map_location, weights_only=True)
+    except (pickle.UnpicklingError, RuntimeError, EOFError, OSError) as err:
+        raise CheckpointError(f"{path} is not a readable dalle_lab checkpoint ({type(err).__name__}: "
+                              f"{str(err).splitlines()[0][:200]}); it may be truncated or from another program") from err
+    if not isinstance(ckpt, dict) or ckpt.get("format") != CHECKPOINT_FORMAT:
+        found = ckpt.get("format") if isinstance(ckpt, dict) else type(ckpt).__name__
+        raise CheckpointError(f"{path} is not a dalle_lab DALLE checkpoint (format {found!r}, expected "
+                              f"{CHECKPOINT_FORMAT!r}); DALLE-pytorch or VAE checkpoints cannot be loaded here")
+    return ckpt
+
+
+def is_training_checkpoint(ckpt: dict) -> bool:
+    return "step" in ckpt and ("optimizer" in ckpt or "deepspeed" in ckpt)
+
+
+def check_identities(ckpt: dict, tokenizer_identity: dict, vae_identity: dict, path="checkpoint") -> None:
+    """Refuse to continue a run with another vocabulary or image tokenizer than the one it was trained with."""
+    for what, recorded, current, flag in (
+        ("text tokenizer", ckpt.get("tokenizer", {}), tokenizer_identity, "--bpe_path"),
+        ("image tokenizer (VAE)", ckpt.get("vae", {}), vae_identity, "--vqgan_model_path/--vqgan_config_path"),
+    ):
+        if recorded.get("sha256") != current.get("sha256") or recorded.get("kind") != current.get("kind"):
+            raise CheckpointError(
+                f"{path} was trained with a different {what}: it recorded {_describe(recorded)}, this run uses "
+                f"{_describe(current)}. Continue with the recorded one (drop or fix {flag}), or start a new run "
+                f"instead of resuming."
+            )
+
+
+def _describe(identity: dict) -> str:
+    where = identity.get("path") or identity.get("model_path") or identity.get("kind")
+    return f"{where} (sha256 {str(identity.get('sha256'))[:12]})"
+
+
+def tokenizer_from_identity(identity: dict, path="checkpoint"):
+    """Rebuild the text tokenizer a checkpoint recorded (the shipped default is found from the package)."""
+    from dalle_lab.tokenizers import load_tokenizer
+
+    try:
+        return load_tokenizer(identity)
+    except (FileNotFoundError, ValueError, KeyError) as err:
+        raise CheckpointError(f"{path} needs the text tokenizer it was trained with: {err}") from err
+
+
+def vae_from_identity(identity: dict, path="checkpoint"):
+    from dalle_lab.vae import load_vae
+
+    try:
+        return load_vae(identity)
+    except (FileNotFoundError, ValueError, KeyError) as err:
+        raise CheckpointError(f"{path} needs the image tokenizer it was trained with: {err}") from err
+
+
+def build_model(config: dict, vae=None):
+    from dalle_lab.model import DALLE, DALLEConfig
+
+    return DALLE.from_config(DALLEConfig(**config), vae=vae)
+
+
+def load_model_state(model, state: dict, path="checkpoint") -> None:
+    """Load transformer weights; a VAE attached to `model` is allowed to be missing from `state`."""
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    missing = [k for k in missing if not k.startswith("vae.")]
+    if missing or unexpected:
+        raise CheckpointError(f"{path} does not match the model its config describes (missing {missing[:5]}, "
+                              f"unexpected {unexpected[:5]}); the file may come from another version of dalle_lab")
+
+
+def load_dalle(path: str | os.PathLike, device="cpu"):
+    """(dalle, tokenizer, vae) from a checkpoint, ready for generation: eval mode, on `device`."""
+    ckpt = read_checkpoint(path)
+    tokenizer = tokenizer_from_identity(ckpt["tokenizer"], path)
+    vae = vae_from_identity(ckpt["vae"], path)
+    dalle = build_model(ckpt["config"], vae=vae)
+    load_model_state(dalle, ckpt["model"], path)
+    dalle.to(device).eval()
+    vae.to(device).eval()
+    return dalle, tokenizer, vae

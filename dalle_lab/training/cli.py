@@ -1,0 +1,124 @@
+"""The argument parser of train_dalle.py, generated from DALLEConfig and TrainConfig so a flag's default can never
+disagree with the class default (DALLE-pytorch's could). train_dalle.py parses argv; this module only builds the
+parser and turns parsed arguments into (TrainConfig, model overrides).
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import typing
+
+from .config import TrainConfig
+from .schedule import DECAYS
+
+# model fields the data decides (the tokenizer's vocab, the VAE's codebook and grid): not flags with a default
+DERIVED_MODEL_FIELDS = {"num_image_tokens", "image_fmap_size"}
+
+HELP = {
+    "dim": "model width", "depth": "transformer blocks", "heads": "attention heads", "dim_head": "width per head",
+    "num_text_tokens": "text vocabulary rows (default: the tokenizer's vocab_size)",
+    "text_seq_len": "text tokens per caption", "loss_img_weight": "loss = (text + w * image) / (w + 1); 1 as CogView",
+    "stable": "CogView PB-relax against low-precision overflow", "sandwich_norm": "LayerNorm after every branch",
+    "attn_dropout": "attention dropout", "ff_dropout": "feed-forward dropout", "ff_mult": "feed-forward width factor",
+    "null_cond_prob": "caption dropout probability (classifier-free guidance)",
+    "image_text_folder": "folder of images + .txt captions (or shard urls with --wds); none: built-in Shapes data",
+    "wds": "WebDataset image and caption keys, e.g. jpg,txt (shards given by --image_text_folder)",
+    "truncate_captions": "cut captions longer than text_seq_len instead of failing",
+    "num_workers": "data loader workers (folders)",
+    "bpe_path": "text vocabulary (.model youtokentome / .json HF tokenizers); none: the shipped one",
+    "vqgan_model_path": "taming VQGAN .ckpt (with --vqgan_config_path); none: the default Shapes tokenizer",
+    "vqgan_config_path": "taming VQGAN .yaml",
+    "epochs": "epochs over a folder/shards (not for the endless Shapes stream)",
+    "max_steps": "stop after this many optimizer steps (also the LR decay horizon)",
+    "max_minutes": "stop after this many minutes of training",
+    "batch_size": "samples per process per micro-batch", "ga_steps": "gradient accumulation micro-batches per step",
+    "learning_rate": "peak learning rate", "weight_decay": "AdamW weight decay",
+    "clip_grad_norm": "clip the gradient norm to this (0: off)",
+    "warmup_steps": "linear warm-up from 0 over this many steps",
+    "lr_decay": f"after warm-up: {'|'.join(DECAYS)} (a bare --lr_decay means plateau, as DALLE-pytorch)",
+    "min_lr_ratio": "cosine/linear decay ends at learning_rate * this",
+    "plateau_patience": "plateau: steps without improvement before cutting the rate",
+    "plateau_factor": "plateau: multiply the rate by this",
+    "max_nonfinite": "stop after this many non-finite losses in a row",
+    "amp": "mixed precision: bf16 on CPU, bf16 or fp16+loss scaling on CUDA", "amp_dtype": "auto|bf16|fp16",
+    "device": "auto|cpu|cuda", "seed": "random seed",
+    "deepspeed": "train with DeepSpeed (same as --distributed_backend deepspeed)",
+    "deepspeed_config": "DeepSpeed JSON config; its settings win, flags only fill what it leaves out",
+    "zero_stage": "DeepSpeed ZeRO stage (default: the config's, else 0)",
+    "output_dir": "where checkpoints and sample grids go",
+    "dalle_output_file_name": "checkpoint name: <output_dir>/<name>.pt (+ <name>-stepN.pt)",
+    "dalle_path": "start from this checkpoint's weights (a training checkpoint is resumed exactly)",
+    "resume": "continue a run exactly from this checkpoint (bare --resume: <output_dir>/<name>.pt)",
+    "save_every_n_steps": "checkpoint interval", "keep_n_checkpoints": "step checkpoints kept (0: all)",
+    "sample_every_n_steps": "sample grid interval (0: never)",
+    "sample_captions": "captions for the sample grids, separated by |",
+    "log_every_n_steps": "console/wandb logging interval",
+    "wandb_name": "log to wandb under this run name (WANDB_MODE=offline|disabled honoured)",
+    "wandb_entity": "wandb entity", "wandb_project": "wandb project", "progress": "show the progress bar",
+}
+
+
+def _base_type(annotation):
+    """bool / int / float / str / list from a dataclass type hint such as `int | None`."""
+    if annotation in (bool, int, float, str):
+        return annotation
+    if typing.get_origin(annotation) is list:
+        return list
+    for arg in typing.get_args(annotation):
+        if arg is not type(None):
+            return _base_type(arg)
+    return str
+
+
+def _add_fields(group, cls, defaults, skip=(), none_default=()):
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        if f.name in skip:
+            continue
+        kind = _base_type(hints[f.name])
+        default = None if f.name in none_default else getattr(defaults, f.name)
+        help_text = HELP.get(f.name, f.name.replace("_", " "))
+        if kind is bool:
+            group.add_argument(f"--{f.name}", action=argparse.BooleanOptionalAction, default=default, help=help_text)
+        else:
+            shown = "" if f.name in none_default else f" (default: {default})"
+            group.add_argument(f"--{f.name}", type=kind, default=default, help=help_text + shown)
+
+
+def build_train_parser() -> argparse.ArgumentParser:
+    from dalle_lab.model import DALLEConfig
+
+    parser = argparse.ArgumentParser(
+        description="Train a DALLE text-to-image transformer. With no data flags: the built-in Shapes data, the "
+                    "default image tokenizer and the shipped BPE vocabulary.",
+    )
+    model = parser.add_argument_group("model (defaults: DALLEConfig)")
+    _add_fields(model, DALLEConfig, DALLEConfig(), skip=DERIVED_MODEL_FIELDS, none_default={"num_text_tokens"})
+    training = parser.add_argument_group("training (defaults: TrainConfig)")
+    special = {"resume", "lr_decay", "sample_captions", "deepspeed"}
+    _add_fields(training, TrainConfig, TrainConfig(), skip=special)
+    defaults = TrainConfig()
+    training.add_argument("--resume", nargs="?", const="latest", default=defaults.resume, help=HELP["resume"])
+    training.add_argument("--lr_decay", nargs="?", const="plateau", choices=DECAYS, default=defaults.lr_decay,
+                          help=HELP["lr_decay"])
+    training.add_argument("--sample_captions", type=str, default=None, help=HELP["sample_captions"])
+    training.add_argument("--deepspeed", action="store_true", default=defaults.deepspeed, help=HELP["deepspeed"])
+    training.add_argument("--distributed_backend", choices=("deepspeed",), default=None,
+                          help="deepspeed: train with DeepSpeed (DALLE-pytorch's flag)")
+    return parser
+
+
+def config_from_args(args: argparse.Namespace) -> tuple[TrainConfig, dict]:
+    """(TrainConfig, DALLEConfig overrides) from parsed arguments."""
+    from dalle_lab.model import DALLEConfig
+
+    values = vars(args).copy()
+    model_names = {f.name for f in dataclasses.fields(DALLEConfig)} - DERIVED_MODEL_FIELDS
+    overrides = {name: values.pop(name) for name in model_names if name in values}
+    if overrides.get("num_text_tokens") is None:
+        overrides.pop("num_text_tokens", None)
+    backend = values.pop("distributed_backend", None)
+    values["deepspeed"] = bool(values.get("deepspeed")) or backend == "deepspeed"
+    captions = values.pop("sample_captions", None)
+    values["sample_captions"] = [c.strip() for c in captions.split("|") if c.strip()] if captions else []
+    return TrainConfig(**values), overrides

@@ -1,0 +1,71 @@
+"""TrainConfig: every setting of a training run that is not a model hyper-parameter (those live in DALLEConfig).
+
+train_dalle.py builds one from its flags; tests and notebooks build one directly. Defaults are the main job's:
+the built-in Shapes data with fresh batches of 64, bf16 autocast on the CPU, a fixed step budget.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+
+@dataclass
+class TrainConfig:
+    # data: no folder and no shards -> the built-in Shapes data, rendered fresh every step
+    image_text_folder: str | None = None  # a folder of image + .txt pairs, or with `wds` the shard url(s)
+    wds: str | None = None  # "image_key,caption_key" of WebDataset shards, e.g. "jpg,txt"
+    truncate_captions: bool = False
+    num_workers: int = 0
+
+    # tokenizers
+    bpe_path: str | None = None  # None: the shipped vocabulary
+    vqgan_model_path: str | None = None  # None (with no config path): the default Shapes image tokenizer
+    vqgan_config_path: str | None = None
+
+    # budget: training stops at whichever of these comes first (Shapes is an endless stream: use steps/minutes)
+    epochs: int | None = None
+    max_steps: int | None = 1200
+    max_minutes: float | None = None
+
+    # optimisation
+    batch_size: int = 64  # per process and per micro-batch; global batch = batch_size * ga_steps * processes
+    ga_steps: int = 1
+    learning_rate: float = 1e-3
+    weight_decay: float = 0.0
+    clip_grad_norm: float = 0.5  # 0 turns clipping off (the norm is still logged)
+    warmup_steps: int = 100
+    lr_decay: str = "cosine"  # cosine | linear | constant | plateau
+    min_lr_ratio: float = 0.1
+    plateau_patience: int = 200
+    plateau_factor: float = 0.5
+    max_nonfinite: int = 5  # stop after this many non-finite losses in a row (each one is skipped)
+
+    # precision, device, processes
+    amp: bool = False  # bf16 autocast on CPU; bf16 (or fp16 + loss scaling) on CUDA
+    amp_dtype: str = "auto"
+    device: str = "auto"
+    seed: int = 42
+    deepspeed: bool = False
+    deepspeed_config: str | None = None  # a user's DeepSpeed JSON: honoured; only what it leaves out is filled
+    zero_stage: int | None = None  # None: the user's config decides, else 0
+
+    # files
+    output_dir: str = "runs/dalle"
+    dalle_output_file_name: str = "dalle"
+    dalle_path: str | None = None  # start from these weights (a training checkpoint is resumed, see `resume`)
+    resume: str | None = None  # a checkpoint to continue exactly; "latest" = output_dir/<name>.pt
+    save_every_n_steps: int = 500
+    keep_n_checkpoints: int | None = 2
+    sample_every_n_steps: int = 200  # a grid PNG of generated samples (0: never)
+    sample_captions: list[str] = field(default_factory=list)  # empty: a few validation captions of the data
+    log_every_n_steps: int = 10
+
+    # wandb (imported only when wandb_name is given)
+    wandb_name: str | None = None
+    wandb_entity: str | None = None
+    wandb_project: str = "dalle_lab"
+
+    # the console progress bar (off in tests)
+    progress: bool = True
+
+    def to_dict(self) -> dict:
+        return asdict(self)

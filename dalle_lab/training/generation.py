@@ -1,0 +1,96 @@
+"""Generating images from captions with a trained DALLE: the library side of generate.py and of the sample grids
+the training loop writes. Sampling itself lives in dalle_lab.sampling / DALLE.generate_images; this module batches
+captions, seeds, decodes, and writes files.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+
+@dataclass
+class SamplingSettings:
+    top_k: int | None = 10
+    top_p: float | None = None
+    temperature: float = 0.7
+    cond_scale: float = 1.0
+
+
+def tokenize_captions(tokenizer, captions, text_seq_len: int, num_text_tokens: int, truncate: bool = False):
+    """Token ids for captions, with the user-facing errors generate.py needs (caption too long, vocab too big)."""
+    from dalle_lab.tokenizers import check_vocab_fits
+
+    check_vocab_fits(tokenizer, num_text_tokens)
+    return tokenizer.tokenize(list(captions), text_seq_len, truncate_text=truncate)
+
+
+@torch.no_grad()
+def sample_images(dalle, vae, tokenizer, captions, settings: SamplingSettings, seed: int = 0, batch_size: int = 16,
+                  truncate: bool = False):
+    """Images (len(captions), 3, H, W) in [0, 1] for a list of captions, reproducible from `seed`.
+
+    Uses its own torch.Generator, so sampling in the middle of training never disturbs the training RNG.
+    """
+    cfg = dalle.config
+    device = next(dalle.parameters()).device
+    text = tokenize_captions(tokenizer, captions, cfg.text_seq_len, cfg.num_text_tokens, truncate)
+    generator = torch.Generator(device=device).manual_seed(seed)
+    chunks = []
+    for start in range(0, len(captions), batch_size):
+        tokens = dalle.generate_images(text[start:start + batch_size].to(device), top_k=settings.top_k,
+                                       top_p=settings.top_p, temperature=settings.temperature,
+                                       cond_scale=settings.cond_scale, return_tokens=True, generator=generator)
+        chunks.append(vae.decode(tokens.to(vae.device)).float().cpu())
+    return torch.cat(chunks)
+
+
+def caption_dirname(caption: str, max_len: int = 120) -> str:
+    """A folder name for a caption: spaces -> underscores, anything unsafe in a file name dropped."""
+    name = re.sub(r"\s+", "_", caption.strip())
+    name = re.sub(r"[^\w\-.,]", "", name)[:max_len].strip(".")
+    return name or "caption"
+
+
+def generate_to_folder(dalle, vae, tokenizer, captions, outputs_dir: str | os.PathLike, num_images: int = 4,
+                       batch_size: int = 16, settings: SamplingSettings | None = None, seed: int = 0,
+                       checkpoint: str | None = None, grid: bool = True, truncate: bool = False) -> list[dict]:
+    """For each caption: outputs_dir/<caption_with_underscores>/<i>.png, grid.png, and one manifest line per image
+    in outputs_dir/manifest.jsonl (appended, so several calls share one manifest). Returns the manifest records.
+
+    Caption number c is sampled from a generator seeded with seed + c, so the whole call is reproducible from `seed`
+    and a caption's images do not change when other captions are added after it.
+    """
+    from dalle_lab.viz.grid import save_grid
+
+    settings = settings or SamplingSettings()
+    outputs_dir = Path(outputs_dir)
+    outputs_dir.mkdir(parents=True, exist_ok=True)
+    # tokenize everything first: a caption that is too long fails before any time is spent sampling
+    cfg = dalle.config
+    tokenize_captions(tokenizer, captions, cfg.text_seq_len, cfg.num_text_tokens, truncate)
+    records = []
+    for c, caption in enumerate(captions):
+        images = sample_images(dalle, vae, tokenizer, [caption] * num_images, settings, seed=seed + c,
+                               batch_size=batch_size, truncate=truncate)
+        folder = outputs_dir / caption_dirname(caption)
+        folder.mkdir(parents=True, exist_ok=True)
+        from PIL import Image
+
+        from dalle_lab.viz.grid import to_uint8
+
+        for i, array in enumerate(to_uint8(images)):
+            file = folder / f"{i}.png"
+            Image.fromarray(array).save(file)
+            records.append({"caption": caption, "file": str(file.relative_to(outputs_dir)), "index": i,
+                            "seed": seed + c, "checkpoint": checkpoint, **asdict(settings)})
+        if grid:
+            save_grid(images, folder / "grid.png", scale=4 if images.shape[-1] <= 64 else 1)
+    with open(outputs_dir / "manifest.jsonl", "a", encoding="utf-8") as manifest:
+        for record in records:
+            manifest.write(json.dumps(record) + "\n")
+    return records

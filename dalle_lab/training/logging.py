@@ -1,0 +1,86 @@
+"""What a run shows: a console progress bar (loss, text loss, image loss, lr, tokens/s, time left) and, when asked,
+wandb. Only rank 0 logs. wandb is imported only when a run name is given; its own environment variables
+(WANDB_MODE=offline / disabled, WANDB_DIR) are honoured as wandb documents them.
+"""
+from __future__ import annotations
+
+import math
+import sys
+import time
+
+
+def format_seconds(seconds: float | None) -> str:
+    if seconds is None or not math.isfinite(seconds):
+        return "?"
+    seconds = int(seconds)
+    return f"{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}" if seconds >= 3600 else \
+        f"{seconds // 60}:{seconds % 60:02d}"
+
+
+class RunLogger:
+    def __init__(self, enabled: bool, progress: bool = True, wandb_name: str | None = None,
+                 wandb_entity: str | None = None, wandb_project: str = "dalle_lab", wandb_run_id: str | None = None,
+                 config: dict | None = None):
+        self.enabled = enabled
+        self.progress = progress and enabled
+        self.bar = None
+        self.wandb_run = None
+        self.started = time.monotonic()
+        if enabled and wandb_name:
+            import wandb
+
+            self.wandb_run = wandb.init(project=wandb_project, name=wandb_name, entity=wandb_entity,
+                                        id=wandb_run_id, resume="allow" if wandb_run_id else None, config=config)
+
+    @property
+    def wandb_run_id(self) -> str | None:
+        return self.wandb_run.id if self.wandb_run is not None else None
+
+    def start(self, start_step: int, total_steps: int | None) -> None:
+        if self.progress:
+            from tqdm.auto import tqdm
+
+            self.bar = tqdm(total=total_steps, initial=start_step, unit="step", dynamic_ncols=True,
+                            file=sys.stderr, smoothing=0.1)
+
+    def advance(self) -> None:
+        if self.bar is not None:
+            self.bar.update(1)
+
+    def log(self, step: int, metrics: dict, time_left: float | None = None) -> None:
+        if not self.enabled:
+            return
+        shown = (f"loss {metrics['loss']:.3f} text {metrics['loss_text']:.3f} img {metrics['loss_img']:.3f} "
+                 f"lr {metrics['lr']:.2e} {metrics['tokens_per_s']:.0f} tok/s left {format_seconds(time_left)}")
+        if self.bar is not None:
+            self.bar.set_postfix_str(shown, refresh=False)
+        elif not self.progress:
+            pass  # quiet (tests): metrics still go to wandb
+        if self.wandb_run is not None:
+            self.wandb_run.log(dict(metrics), step=step)
+
+    def message(self, text: str) -> None:
+        if not self.enabled:
+            return
+        if self.bar is not None:
+            self.bar.write(text)
+        else:
+            print(text, file=sys.stderr)
+
+    def log_images(self, step: int, images, captions) -> None:
+        if self.wandb_run is None:
+            return
+        import wandb
+
+        from dalle_lab.viz.grid import to_uint8
+
+        self.wandb_run.log({"samples": [wandb.Image(a, caption=c) for a, c in zip(to_uint8(images), captions)]},
+                           step=step)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+        if self.wandb_run is not None:
+            self.wandb_run.finish()
+            self.wandb_run = None

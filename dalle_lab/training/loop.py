@@ -1,0 +1,402 @@
+"""The training loop: one function, `train(cfg)`, for the plain PyTorch path and DeepSpeed, one process or many.
+
+Per optimizer step: set the learning rate, run ga_steps micro-batches (tokenize captions, encode images with the
+frozen VAE, forward, backward), clip and step; then log, sample a grid and save a checkpoint at their intervals.
+A non-finite loss skips its micro-batch (counted); several in a row stop the run with advice.
+Everything a resume needs (weights, optimizer, schedule, scaler, step, data position, every rank's RNG state,
+the wandb run id) goes into the checkpoint, so k steps + resume + (N - k) steps equals N steps straight.
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from . import checkpoint as ckpt_io
+from .batches import FolderBatches, ShapesStream, WebDatasetBatches
+from .config import TrainConfig
+from .distributed import DistInfo, all_reduce_mean, any_rank, barrier, env_dist_info, gather_objects
+from .precision import resolve_precision
+from .schedule import LRSchedule
+
+SAMPLE_GRID_SIZE = 8
+
+
+class NonFiniteLossError(RuntimeError):
+    """Too many non-finite losses in a row: the run is diverging."""
+
+
+@dataclass
+class TrainResult:
+    step: int
+    checkpoint_path: Path | None
+    stopped_because: str
+    nonfinite_skipped: int
+    history: list[dict] = field(default_factory=list)  # per optimizer step: loss, loss_text, loss_img, lr, grad_norm
+
+
+def train(cfg: TrainConfig, model_overrides: dict | None = None, *, tokenizer=None, vae=None) -> TrainResult:
+    """Train a DALLE as `cfg` says. `model_overrides` are DALLEConfig fields (dim, depth, ...); the rest come from
+    DALLEConfig's defaults, the tokenizer (num_text_tokens) and the VAE (num_image_tokens, image_fmap_size).
+    `tokenizer` / `vae` objects may be given directly (tests, notebooks); otherwise they come from cfg's paths.
+    When resuming, the model config, tokenizer and VAE recorded in the checkpoint are used.
+    """
+    dist = env_dist_info()
+    device = _device(cfg, dist)
+    start_time = time.monotonic()
+
+    resume_path, resume_ckpt = _resume_checkpoint(cfg)
+    init_ckpt = resume_ckpt or (ckpt_io.read_checkpoint(cfg.dalle_path) if cfg.dalle_path else None)
+    if tokenizer is None:
+        tokenizer = (ckpt_io.tokenizer_from_identity(init_ckpt["tokenizer"], cfg.dalle_path or resume_path)
+                     if init_ckpt and cfg.bpe_path is None else _tokenizer(cfg))
+    if vae is None:
+        vae = (ckpt_io.vae_from_identity(init_ckpt["vae"], cfg.dalle_path or resume_path)
+               if init_ckpt and cfg.vqgan_model_path is None else _vae(cfg))
+    vae = vae.to(device).eval()
+    if init_ckpt:
+        ckpt_io.check_identities(init_ckpt, tokenizer.identity, vae.identity, resume_path or cfg.dalle_path)
+
+    torch.manual_seed(cfg.seed)  # the same initial weights on every rank
+    model_config = _model_config(model_overrides or {}, tokenizer, vae, init_ckpt)
+    model = ckpt_io.build_model(model_config).to(device)
+    if init_ckpt:
+        ckpt_io.load_model_state(model, init_ckpt["model"], resume_path or cfg.dalle_path)
+    # per-rank randomness (caption dropout, attention dropout) differs across ranks, as with separate GPUs
+    torch.manual_seed(cfg.seed + 1000 * dist.rank)
+
+    from .engine import make_optimizer
+
+    optimizer = make_optimizer(model, cfg.learning_rate, cfg.weight_decay)
+    precision = resolve_precision(cfg.amp, device, cfg.amp_dtype)
+    engine = _engine(cfg, model, optimizer, precision, dist)
+    ga_steps, micro_batch = engine.ga_steps, engine.micro_batch_size
+
+    source = _source(cfg, dist, micro_batch, vae.image_size, resume_ckpt["data_position"] if resume_ckpt else None)
+    _check_budget(cfg, source)
+    total_steps = _total_steps(cfg, source)
+    schedule = LRSchedule(cfg.learning_rate, cfg.warmup_steps, total_steps, cfg.lr_decay, cfg.min_lr_ratio,
+                          cfg.plateau_factor, cfg.plateau_patience)
+
+    step, nonfinite_total, wandb_run_id = 0, 0, None
+    if resume_ckpt:
+        engine.load_training_state(resume_ckpt, resume_path)
+        schedule.load_state_dict(resume_ckpt["scheduler"])
+        step = int(resume_ckpt["step"])
+        nonfinite_total = int(resume_ckpt.get("nonfinite_skipped", 0))
+        wandb_run_id = resume_ckpt.get("wandb_run_id")
+        rng_states = resume_ckpt["rng"]
+        if len(rng_states) == dist.world_size:
+            ckpt_io.restore_rng(rng_states[dist.rank])
+
+    from .logging import RunLogger
+
+    logger = RunLogger(dist.is_main, cfg.progress, cfg.wandb_name, cfg.wandb_entity, cfg.wandb_project, wandb_run_id,
+                       config={**cfg.to_dict(), "model": model_config})
+    if resume_ckpt:
+        logger.message(f"resumed {resume_path} at step {step}")
+    output_dir = Path(cfg.output_dir)
+    latest_path = output_dir / f"{cfg.dalle_output_file_name}.pt"
+    sample_captions = _sample_captions(cfg)
+    tokens_per_sample = model.config.text_seq_len + model.config.image_seq_len
+    samples_per_step = micro_batch * ga_steps * dist.world_size
+
+    def save(at_step: int) -> Path:
+        return _save(engine, dist, cfg, output_dir, latest_path, at_step, model_config, tokenizer, vae, schedule,
+                     source, nonfinite_total, logger.wandb_run_id)
+
+    history: list[dict] = []
+    consecutive_nonfinite, last_saved, saved_path = 0, step if resume_ckpt else -1, None
+    stopped = "max_steps"
+    engine.train()
+    logger.start(step, cfg.max_steps)
+    run_start, steps_this_run = time.monotonic(), 0
+    try:
+        while True:
+            stopped = _budget_exhausted(cfg, step, source, run_start)
+            if stopped:
+                break
+            step_start = time.monotonic()
+            lr = schedule.apply(engine.lr_optimizer) if engine.lr_optimizer is not None else math.nan
+            sums = torch.zeros(3, dtype=torch.float64)
+            done = 0
+            while done < ga_steps:
+                captions, images = source.next_batch()
+                text = tokenizer.tokenize(captions, model.config.text_seq_len,
+                                          truncate_text=cfg.truncate_captions).to(device)
+                with torch.no_grad():
+                    image_tokens = vae.get_codebook_indices(images.to(device))
+                out = engine.forward(text, image_tokens)
+                if any_rank(not bool(torch.isfinite(out.loss.detach()).all()), device):
+                    nonfinite_total += 1
+                    consecutive_nonfinite += 1
+                    if consecutive_nonfinite >= cfg.max_nonfinite:
+                        raise NonFiniteLossError(
+                            f"the loss was not finite {consecutive_nonfinite} times in a row, last at step {step + 1} "
+                            f"(micro-batch {done + 1} of {ga_steps}); training is diverging. Try --stable (CogView's "
+                            f"PB-relax and sandwich norm; with --sandwich_norm), a lower --learning_rate (now "
+                            f"{cfg.learning_rate:g}), more --warmup_steps, or a smaller --clip_grad_norm")
+                    logger.message(f"step {step + 1}: non-finite loss, micro-batch skipped "
+                                   f"({consecutive_nonfinite} in a row, {nonfinite_total} in all)")
+                    continue
+                consecutive_nonfinite = 0
+                done += 1
+                engine.backward(out.loss, last_micro=done == ga_steps)
+                sums += torch.tensor([out.loss.item(), out.loss_text.item(), out.loss_img.item()], dtype=torch.float64)
+            grad_norm, applied = engine.optimizer_step()
+            loss, loss_text, loss_img = all_reduce_mean((sums / ga_steps).tolist(), device)
+            schedule.step(loss)
+            step += 1
+            steps_this_run += 1
+            logger.advance()
+            elapsed = time.monotonic() - step_start
+            metrics = {"loss": loss, "loss_text": loss_text, "loss_img": loss_img, "lr": lr, "grad_norm": grad_norm,
+                       "step_applied": float(applied), "nonfinite_skipped": nonfinite_total,
+                       "samples_per_s": samples_per_step / elapsed,
+                       "tokens_per_s": samples_per_step * tokens_per_sample / elapsed}
+            history.append({"step": step, **metrics})
+            if step % cfg.log_every_n_steps == 0 or step == 1:
+                logger.log(step, metrics, _time_left(cfg, step, run_start, steps_this_run))
+            if cfg.sample_every_n_steps and step % cfg.sample_every_n_steps == 0:
+                _write_samples(engine, dist, vae, tokenizer, sample_captions, output_dir, step, logger)
+            if cfg.save_every_n_steps and step % cfg.save_every_n_steps == 0:
+                saved_path = save(step)
+                last_saved = step
+    except KeyboardInterrupt:
+        if step != last_saved:
+            logger.message(f"interrupted: saving step {step} to {latest_path} (resume with --resume)")
+            save(step)
+        logger.close()
+        raise
+    if step != last_saved:
+        saved_path = save(step)
+    if cfg.sample_every_n_steps and step % cfg.sample_every_n_steps and steps_this_run:
+        _write_samples(engine, dist, vae, tokenizer, sample_captions, output_dir, step, logger)
+    logger.message(f"stopped at step {step} ({stopped}); checkpoint: {latest_path}")
+    logger.close()
+    return TrainResult(step, latest_path if (saved_path or latest_path.exists()) else None, stopped, nonfinite_total,
+                       history)
+
+
+# ------------------------------------------------------------------------------------------------ set-up helpers
+
+def _device(cfg: TrainConfig, dist: DistInfo):
+    from dalle_lab.utils import pick_device
+
+    device = pick_device(cfg.device)
+    if device.type == "cuda" and dist.distributed:
+        device = torch.device("cuda", dist.local_rank)
+        torch.cuda.set_device(device)
+    if not cfg.deepspeed:
+        from .distributed import init_process_group
+
+        init_process_group(dist, device)
+    return device
+
+
+def _tokenizer(cfg: TrainConfig):
+    from dalle_lab.tokenizers import get_tokenizer
+
+    return get_tokenizer(cfg.bpe_path)
+
+
+def _vae(cfg: TrainConfig):
+    if (cfg.vqgan_model_path is None) != (cfg.vqgan_config_path is None):
+        raise ValueError("give both --vqgan_model_path (.ckpt) and --vqgan_config_path (.yaml), or neither for the "
+                         "default Shapes image tokenizer")
+    if cfg.vqgan_model_path:
+        from dalle_lab.vae import VQGanVAE
+
+        return VQGanVAE(cfg.vqgan_model_path, cfg.vqgan_config_path)
+    from dalle_lab.vae import default_vae
+
+    return default_vae()
+
+
+def _model_config(overrides: dict, tokenizer, vae, init_ckpt) -> dict:
+    from dalle_lab.model import DALLEConfig
+    from dalle_lab.tokenizers import check_vocab_fits
+
+    if init_ckpt:
+        config = dict(init_ckpt["config"])  # a continued run keeps the model it was trained as
+    else:
+        fields = dict(overrides)
+        fields.setdefault("num_text_tokens", tokenizer.vocab_size)
+        fields["num_image_tokens"], fields["image_fmap_size"] = vae.num_tokens, vae.fmap_size
+        config = DALLEConfig(**fields).to_dict()
+    check_vocab_fits(tokenizer, config["num_text_tokens"])
+    if (config["num_image_tokens"], config["image_fmap_size"]) != (vae.num_tokens, vae.fmap_size):
+        raise ckpt_io.CheckpointError(
+            f"the model expects {config['num_image_tokens']} image tokens on a {config['image_fmap_size']}^2 grid, "
+            f"the image tokenizer gives {vae.num_tokens} on {vae.fmap_size}^2")
+    return config
+
+
+def _resume_checkpoint(cfg: TrainConfig):
+    """(path, checkpoint) to continue exactly, or (None, None). --dalle_path of a training checkpoint resumes too."""
+    path = cfg.resume
+    if path == "latest":
+        path = str(Path(cfg.output_dir) / f"{cfg.dalle_output_file_name}.pt")
+    if path is None and cfg.dalle_path:
+        candidate = ckpt_io.read_checkpoint(cfg.dalle_path)
+        return (cfg.dalle_path, candidate) if ckpt_io.is_training_checkpoint(candidate) else (None, None)
+    if path is None:
+        return None, None
+    ckpt = ckpt_io.read_checkpoint(path)
+    if not ckpt_io.is_training_checkpoint(ckpt):
+        raise ckpt_io.CheckpointError(f"{path} holds weights only (no optimizer state, step, ...), so it cannot be "
+                                      f"resumed exactly; pass it as --dalle_path to start a new run from it")
+    return path, ckpt
+
+
+def _engine(cfg: TrainConfig, model, optimizer, precision, dist: DistInfo):
+    if cfg.deepspeed:
+        from .deepspeed_engine import DeepSpeedEngine, build_deepspeed_config, read_user_config
+
+        ds_config = build_deepspeed_config(read_user_config(cfg.deepspeed_config), batch_size=cfg.batch_size,
+                                           ga_steps=cfg.ga_steps, world_size=dist.world_size,
+                                           clip_grad_norm=cfg.clip_grad_norm, precision=precision,
+                                           zero_stage=cfg.zero_stage)
+        return DeepSpeedEngine(model, optimizer, precision, dist, ds_config)
+    from .engine import PlainEngine
+
+    return PlainEngine(model, optimizer, precision, dist, cfg.clip_grad_norm, cfg.ga_steps, cfg.batch_size)
+
+
+def _source(cfg: TrainConfig, dist: DistInfo, batch_size: int, image_size: int, position: dict | None):
+    if cfg.wds:
+        keys = [k.strip() for k in cfg.wds.split(",")]
+        if len(keys) != 2 or not cfg.image_text_folder:
+            raise ValueError(f"--wds {cfg.wds!r}: give the image and caption keys, e.g. --wds jpg,txt, and the shard "
+                             f"url(s) as --image_text_folder")
+        return WebDatasetBatches(cfg.image_text_folder, batch_size, image_size, keys[0], keys[1], cfg.seed, position)
+    if cfg.image_text_folder:
+        from dalle_lab.data import TextImageFolder
+
+        dataset = TextImageFolder(cfg.image_text_folder, image_size=image_size)
+        return FolderBatches(dataset, batch_size, cfg.seed, dist.rank, dist.world_size, position, cfg.num_workers)
+    return ShapesStream(batch_size, image_size, cfg.seed, dist.rank, dist.world_size, position)
+
+
+def _total_steps(cfg: TrainConfig, source) -> int | None:
+    """The LR decay horizon: max_steps, else epochs x steps per epoch when known (else: no decay)."""
+    if cfg.max_steps:
+        return cfg.max_steps
+    per_epoch = getattr(source, "batches_per_epoch", None)
+    if cfg.epochs and per_epoch:
+        return cfg.epochs * per_epoch // max(1, cfg.ga_steps)
+    return None
+
+
+def _budget_exhausted(cfg: TrainConfig, step: int, source, run_start: float) -> str | None:
+    if cfg.max_steps is not None and step >= cfg.max_steps:
+        return "max_steps"
+    if cfg.max_minutes is not None and time.monotonic() - run_start >= 60 * cfg.max_minutes:
+        return "max_minutes"
+    if cfg.epochs is not None and source.epoch >= cfg.epochs and not isinstance(source, ShapesStream):
+        return "epochs"
+    return None
+
+
+def _check_budget(cfg: TrainConfig, source) -> None:
+    if cfg.max_steps is None and cfg.max_minutes is None and (cfg.epochs is None or isinstance(source, ShapesStream)):
+        raise ValueError("no end to training: give --max_steps or --max_minutes (the built-in Shapes data is an "
+                         "endless stream, so --epochs does not apply to it)")
+
+
+def _time_left(cfg: TrainConfig, step: int, run_start: float, steps_this_run: int) -> float | None:
+    elapsed = time.monotonic() - run_start
+    left = []
+    if cfg.max_steps is not None and steps_this_run:
+        left.append((cfg.max_steps - step) * elapsed / steps_this_run)
+    if cfg.max_minutes is not None:
+        left.append(60 * cfg.max_minutes - elapsed)
+    return max(0.0, min(left)) if left else None
+
+
+def _sample_captions(cfg: TrainConfig) -> list[str]:
+    if cfg.sample_captions:
+        return list(cfg.sample_captions)
+    if cfg.image_text_folder:
+        return []  # no known captions for a user's data: give --sample_captions to get grids
+    from dalle_lab.data import validation_captions
+
+    return validation_captions(SAMPLE_GRID_SIZE)
+
+
+# ------------------------------------------------------------------------------------------------ periodic work
+
+def _write_samples(engine, dist, vae, tokenizer, captions, output_dir: Path, step: int, logger) -> None:
+    """A grid of generated samples (rank 0; all ranks hold the full weights below ZeRO-3)."""
+    if not dist.is_main or not captions or getattr(engine, "zero_stage", 0) >= 3:
+        return
+    from dalle_lab.viz.grid import save_grid
+
+    from .generation import SamplingSettings, sample_images
+
+    model = engine.module
+    was_training = model.training
+    model.eval()
+    try:
+        with engine.precision.autocast():
+            images = sample_images(model, vae, tokenizer, captions, SamplingSettings(), seed=step)
+    finally:
+        model.train(was_training)
+    path = save_grid(images, output_dir / "samples" / f"step{step:08d}.png", nrow=4, scale=3, captions=captions,
+                     caption_height=12)
+    logger.log_images(step, images, captions)
+    logger.message(f"samples: {path}")
+
+
+def _save(engine, dist, cfg, output_dir, latest_path, step, model_config, tokenizer, vae, schedule, source,
+          nonfinite_total, wandb_run_id) -> Path | None:
+    """Collective: every rank contributes its RNG state (and DeepSpeed shard); rank 0 writes one file."""
+    rng = gather_objects(ckpt_io.capture_rng())
+    if engine.kind == "deepspeed":
+        parts = engine.save_to_checkpoint(output_dir)
+    else:
+        parts = {"model": engine.model_state(), **engine.training_state()} if dist.is_main else None
+    path = None
+    if dist.is_main:
+        checkpoint = ckpt_io.make_checkpoint(
+            config=model_config, tokenizer_identity=tokenizer.identity, vae_identity=vae.identity, **parts,
+            scheduler=schedule.state_dict(), step=step, epoch=source.epoch, data_position=source.position, rng=rng,
+            train_config=_jsonable(cfg.to_dict()), wandb_run_id=wandb_run_id, nonfinite_skipped=nonfinite_total,
+            engine=engine.kind)
+        step_path = ckpt_io.step_checkpoint_path(output_dir, cfg.dalle_output_file_name, step)
+        ckpt_io.save_checkpoint(checkpoint, step_path)
+        _link_latest(step_path, latest_path)
+        ckpt_io.rotate_checkpoints(output_dir, cfg.dalle_output_file_name, cfg.keep_n_checkpoints)
+        path = latest_path
+    barrier()
+    return path
+
+
+def _link_latest(step_path: Path, latest_path: Path) -> None:
+    """latest_path becomes the same file as step_path, atomically (a hard link renamed over it; a copy where the
+    file system has no hard links), so the newest checkpoint is always at one stable name."""
+    import os
+    import shutil
+
+    tmp = latest_path.with_name(f".{latest_path.name}.tmp")
+    tmp.unlink(missing_ok=True)
+    try:
+        os.link(step_path, tmp)
+    except OSError:
+        shutil.copyfile(step_path, tmp)
+    os.replace(tmp, latest_path)
+
+
+def _jsonable(value):
+    """train_config as plain values (weights_only loading accepts dicts, lists, str, numbers, None)."""
+    if isinstance(value, dict):
+        return {k: _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    return value if isinstance(value, (str, int, float, bool, type(None))) else str(value)
+
+
+__all__ = ["NonFiniteLossError", "TrainResult", "train"]

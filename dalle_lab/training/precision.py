@@ -1,0 +1,55 @@
+"""Which mixed precision `--amp` means on the device in use, in one place.
+
+- CPU: bfloat16 autocast (the only low-precision type CPU kernels and DeepSpeed support there).
+- CUDA: bfloat16 when the GPU supports it, otherwise float16 with dynamic loss scaling (GradScaler).
+Weights stay float32 in every case: there is no bare `.half()` anywhere, so no path trains fp16 without a scaler.
+"""
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+
+AMP_DTYPES = ("auto", "bf16", "fp16")
+
+
+@dataclass(frozen=True)
+class Precision:
+    device_type: str  # "cpu" or "cuda"
+    dtype: str | None  # None (float32), "bf16" or "fp16"
+
+    @property
+    def needs_loss_scaling(self) -> bool:
+        return self.dtype == "fp16"
+
+    def autocast(self):
+        import torch
+
+        if self.dtype is None:
+            return contextlib.nullcontext()
+        torch_dtype = torch.bfloat16 if self.dtype == "bf16" else torch.float16
+        return torch.autocast(device_type=self.device_type, dtype=torch_dtype)
+
+    def grad_scaler(self):
+        """A GradScaler for fp16 (dynamic loss scaling), else None."""
+        import torch
+
+        return torch.amp.GradScaler(self.device_type) if self.needs_loss_scaling else None
+
+
+def resolve_precision(amp: bool, device, amp_dtype: str = "auto") -> Precision:
+    import torch
+
+    device_type = torch.device(device).type
+    if amp_dtype not in AMP_DTYPES:
+        raise ValueError(f"--amp_dtype {amp_dtype!r}: choose one of {', '.join(AMP_DTYPES)}")
+    if not amp:
+        return Precision(device_type, None)
+    if device_type == "cpu":
+        if amp_dtype == "fp16":
+            raise ValueError("--amp_dtype fp16 is not supported on the CPU (no fp16 kernels); use bf16 (the default)")
+        return Precision("cpu", "bf16")
+    if device_type == "cuda":
+        if amp_dtype == "auto":
+            return Precision("cuda", "bf16" if torch.cuda.is_bf16_supported() else "fp16")
+        return Precision("cuda", amp_dtype)
+    raise ValueError(f"--amp is not supported on device type {device_type!r}; use cpu or cuda")

@@ -1,0 +1,53 @@
+"""Image grids: many images in one PNG, optionally with each image's caption underneath."""
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+
+
+def to_uint8(images):
+    """(B, 3, H, W) float tensor in [0, 1] -> (B, H, W, 3) uint8 numpy array."""
+    return (images.detach().float().clamp(0, 1).mul(255).round().byte().permute(0, 2, 3, 1).cpu().numpy())
+
+
+def make_grid(images, nrow: int | None = None, padding: int = 2, captions=None, scale: int = 1,
+              caption_height: int = 12):
+    """A PIL image of `images` ((B, 3, H, W) in [0, 1]) in rows of `nrow`.
+
+    `scale` enlarges tiny images (nearest neighbour, so token blocks stay visible); `captions` (one per image)
+    are written under each tile, cut to the tile's width.
+    """
+    from PIL import Image, ImageDraw
+
+    arrays = to_uint8(images)
+    count = len(arrays)
+    if count == 0:
+        raise ValueError("make_grid needs at least one image")
+    nrow = nrow or math.ceil(math.sqrt(count))
+    rows = math.ceil(count / nrow)
+    height, width = arrays.shape[1] * scale, arrays.shape[2] * scale
+    text_h = caption_height if captions else 0
+    canvas = Image.new("RGB", (nrow * (width + padding) + padding, rows * (height + text_h + padding) + padding),
+                       "white")
+    draw = ImageDraw.Draw(canvas)
+    for i, array in enumerate(arrays):
+        tile = Image.fromarray(array)
+        if scale != 1:
+            tile = tile.resize((width, height), Image.NEAREST)
+        x = padding + (i % nrow) * (width + padding)
+        y = padding + (i // nrow) * (height + text_h + padding)
+        canvas.paste(tile, (x, y))
+        if captions:
+            text = str(captions[i])
+            max_chars = max(1, width // 6)  # the default bitmap font is about 6 px per character
+            draw.text((x, y + height), text if len(text) <= max_chars else text[: max_chars - 1] + "~", fill="black")
+    return canvas
+
+
+def save_grid(images, path: str | os.PathLike, **kwargs) -> Path:
+    """make_grid(...) saved as a PNG (written to a temporary name first, then renamed)."""
+    from dalle_lab.utils import atomic_write
+
+    grid = make_grid(images, **kwargs)
+    return atomic_write(path, lambda tmp: grid.save(tmp, format="PNG"))

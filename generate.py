@@ -1,0 +1,90 @@
+#!/usr/bin/env python
+"""Generate images from captions with a trained DALLE checkpoint.
+
+    python generate.py --dalle_path runs/dalle/dalle.pt --text "a red circle|a blue square above a green triangle"
+
+Writes <outputs_dir>/<caption_with_underscores>/<i>.png, a grid.png per caption, and one line per image in
+<outputs_dir>/manifest.jsonl. The text and image tokenizers are found from what the checkpoint recorded.
+"""
+import argparse
+import sys
+
+from dalle_lab.training.generation import SamplingSettings
+
+DEFAULTS = SamplingSettings()
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--dalle_path", required=True, help="checkpoint written by train_dalle.py (e.g. runs/dalle/dalle.pt)")
+    p.add_argument("--text", required=True, help='caption(s), several separated by "|"')
+    p.add_argument("--num_images", type=int, default=8, help="images per caption (default: 8)")
+    p.add_argument("--batch_size", type=int, default=16, help="images sampled at once (default: 16)")
+    p.add_argument("--top_k", type=int, default=DEFAULTS.top_k,
+                   help=f"sample from the k likeliest image tokens (default: {DEFAULTS.top_k}; 0: no top-k)")
+    p.add_argument("--top_p", type=float, default=DEFAULTS.top_p, help="nucleus sampling threshold (default: off)")
+    p.add_argument("--temperature", type=float, default=DEFAULTS.temperature,
+                   help=f"sampling temperature (default: {DEFAULTS.temperature})")
+    p.add_argument("--cond_scale", type=float, default=DEFAULTS.cond_scale,
+                   help=f"classifier-free guidance scale, 1 = off (default: {DEFAULTS.cond_scale})")
+    p.add_argument("--seed", type=int, default=0, help="random seed: the same seed gives the same images")
+    p.add_argument("--outputs_dir", default="outputs", help="where images go (default: outputs)")
+    p.add_argument("--device", default="auto", help="auto|cpu|cuda (default: auto)")
+    p.add_argument("--truncate_captions", action="store_true",
+                   help="cut captions longer than the model's text_seq_len instead of failing")
+    p.add_argument("--attention_maps", action="store_true",
+                   help="also save where the model looked: attention of image tokens to the caption's words")
+    return p
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    captions = [c.strip() for c in args.text.split("|") if c.strip()]
+    if not captions:
+        print("generate.py: error: --text holds no caption", file=sys.stderr)
+        return 2
+    if args.num_images < 1 or args.batch_size < 1:
+        print("generate.py: error: --num_images and --batch_size must be at least 1", file=sys.stderr)
+        return 2
+
+    import torch
+
+    from dalle_lab.training.checkpoint import CheckpointError, load_dalle
+    from dalle_lab.training.generation import generate_to_folder
+    from dalle_lab.utils import pick_device
+
+    settings = SamplingSettings(top_k=args.top_k or None, top_p=args.top_p, temperature=args.temperature,
+                                cond_scale=args.cond_scale)
+    try:
+        device = pick_device(args.device)
+        dalle, tokenizer, vae = load_dalle(args.dalle_path, device)
+        with torch.inference_mode():
+            records = generate_to_folder(dalle, vae, tokenizer, captions, args.outputs_dir, args.num_images,
+                                         args.batch_size, settings, args.seed, checkpoint=str(args.dalle_path),
+                                         truncate=args.truncate_captions)
+            if args.attention_maps:
+                _attention_maps(dalle, tokenizer, vae, captions, args)
+    except (CheckpointError, ValueError, FileNotFoundError) as err:
+        print(f"generate.py: error: {err}", file=sys.stderr)
+        return 1
+    print(f"wrote {len(records)} images for {len(captions)} caption(s) to {args.outputs_dir}/ "
+          f"(manifest: {args.outputs_dir}/manifest.jsonl)")
+    return 0
+
+
+def _attention_maps(dalle, tokenizer, vae, captions, args) -> None:
+    try:
+        from dalle_lab.viz.attention import save_attention_maps
+    except ImportError:
+        print("generate.py: --attention_maps is not available in this version", file=sys.stderr)
+        return
+    from pathlib import Path
+
+    from dalle_lab.training.generation import caption_dirname
+
+    for caption in captions:
+        save_attention_maps(dalle, tokenizer, vae, caption, Path(args.outputs_dir) / caption_dirname(caption))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

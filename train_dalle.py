@@ -1,0 +1,36 @@
+#!/usr/bin/env python
+"""Train a DALLE. With no flags: the built-in Shapes data, the default image tokenizer and the shipped vocabulary.
+
+    python train_dalle.py                                   # the main job (CPU, about 10 minutes)
+    python train_dalle.py --amp --loss_img_weight 1         # bf16 autocast, CogView's loss weighting
+    python train_dalle.py --distributed_backend deepspeed --amp
+    torchrun --nproc_per_node 2 train_dalle.py ...          # two processes (or: deepspeed --num_accelerators 2 ...)
+    python train_dalle.py --resume                          # continue runs/dalle/dalle.pt exactly
+
+All flags: python train_dalle.py --help. Everything else lives in dalle_lab.training (see docs/training.md).
+"""
+import sys
+
+from dalle_lab.training.cli import build_train_parser, config_from_args
+
+
+def main(argv=None) -> int:
+    args = build_train_parser().parse_args(argv)
+    cfg, model_overrides = config_from_args(args)
+
+    from dalle_lab.training.checkpoint import CheckpointError
+    from dalle_lab.training.loop import NonFiniteLossError, train
+
+    try:
+        result = train(cfg, model_overrides)
+    except (CheckpointError, NonFiniteLossError, FileNotFoundError, ValueError) as err:
+        print(f"train_dalle.py: error: {err}", file=sys.stderr)
+        return 1
+    if result.checkpoint_path:
+        print(f"checkpoint: {result.checkpoint_path}")
+        print(f"generate:   python generate.py --dalle_path {result.checkpoint_path} --text \"a red circle\"")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
