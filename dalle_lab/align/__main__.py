@@ -1,0 +1,116 @@
+"""Fine-tune a trained DALLE on a reward: `python -m dalle_lab.align --dalle_path runs/dalle/dalle.pt ...`.
+
+    python -m dalle_lab.align --dalle_path runs/dalle/dalle.pt --reward jpeg_compressibility --prompts prompts.txt
+    python -m dalle_lab.align --dalle_path runs/dalle/dalle.pt --reward shapes_faithfulness --time_budget_s 900
+    python -m dalle_lab.align --dalle_path runs/dalle/dalle.pt --method reward_backprop \\
+        --reward negative_total_variation --backprop_last_k 16
+    python -m dalle_lab.align --dalle_path ... --reward aesthetic --clip_path /models/clip-vit-large-patch14 \\
+        --aesthetic_head_path sac+logos+ava1-l14-linearMSE.pth --reward_precision tpu_default
+
+Without --prompts the prompts are Shapes training-split captions. Re-running with the same --out_dir resumes.
+Every AlignConfig field is a flag with the same default (python -m dalle_lab.align --help); docs/align.md explains
+the methods.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import fields
+from pathlib import Path
+
+from dalle_lab.align.config import AlignConfig
+
+_HELP = {
+    "method": "policy_gradient (PPO over image tokens, any reward) or reward_backprop (differentiable rewards)",
+    "reward": "a reward name or weighted sum, e.g. jpeg_compressibility or jpeg_compressibility:1+shapes_faithfulness:2",
+    "time_budget_s": "stop after the epoch that crosses this many seconds of fine-tuning",
+    "lora_rank": "0 fine-tunes every weight; >0 trains only LoRA adapters of this rank",
+    "advantage": "per_prompt (DDPO's running per-prompt statistics) or group (GRPO normalisation within the epoch)",
+    "backprop_last_k": "reward_backprop: the gradient reaches the model through the last K image tokens",
+    "reward_precision": "run the reward model in fp32, bf16, fp16 or tpu_default (aesthetic reward)",
+}
+
+
+def _parse_optional(kind):
+    def parse(text: str):
+        return None if text.lower() in ("none", "") else kind(text)
+
+    return parse
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m dalle_lab.align", description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--dalle_path", required=True, help="a DALLE checkpoint (train_dalle.py's .pt)")
+    parser.add_argument("--prompts", default=None,
+                        help="text file with one caption per line (default: Shapes training-split captions)")
+    parser.add_argument("--num_shapes_prompts", type=int, default=64,
+                        help="without --prompts: how many Shapes training captions to use")
+    parser.add_argument("--out_dir", default="runs/align", help="logs, plots, resumable state, dalle_aligned.pt")
+    parser.add_argument("--device", default="auto")
+    parser.add_argument("--no_resume", action="store_true", help="start afresh even if out_dir holds a state file")
+    parser.add_argument("--clip_path", default=None, help="aesthetic reward: local CLIP ViT-L/14 (transformers dir)")
+    parser.add_argument("--aesthetic_head_path", default=None, help="aesthetic reward: the LAION head .pth")
+    parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (CPU)")
+    for f in fields(AlignConfig):
+        # config.py uses `from __future__ import annotations`, so f.type is the annotation's text: "int | None"
+        base, _, rest = f.type.partition("|")
+        kind = {"int": int, "float": float, "str": str}[base.strip()]
+        parser.add_argument(f"--{f.name}", type=_parse_optional(kind) if "None" in rest else kind,
+                            default=f.default, help=_HELP.get(f.name, " "))
+    return parser
+
+
+def read_prompts(args) -> list[str]:
+    if args.prompts:
+        path = Path(args.prompts)
+        if not path.is_file():
+            raise FileNotFoundError(f"--prompts {path}: no such file (give a text file with one caption per line)")
+        prompts = [line.strip() for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+        if not prompts:
+            raise ValueError(f"--prompts {path} holds no captions (one caption per line expected)")
+        return prompts
+    from dalle_lab.data.shapes import ShapesDataset
+
+    dataset = ShapesDataset("train", length=args.num_shapes_prompts, seed=0)
+    return [dataset.caption(i) for i in range(len(dataset))]
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    config = AlignConfig(**{f.name: getattr(args, f.name) for f in fields(AlignConfig)})
+
+    import torch
+
+    from dalle_lab.training.checkpoint import CheckpointError, load_dalle
+    from dalle_lab.utils import pick_device
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    try:
+        prompts = read_prompts(args)
+        dalle, tokenizer, _ = load_dalle(args.dalle_path, pick_device(args.device))
+        reward_options = {"clip_path": args.clip_path, "head_path": args.aesthetic_head_path,
+                          "device": pick_device(args.device)}
+        if config.method == "reward_backprop":
+            from dalle_lab.align.reward_backprop import RewardBackpropTrainer as Trainer
+        else:
+            from dalle_lab.align.policy_gradient import PolicyGradientTrainer as Trainer
+        trainer = Trainer(dalle, tokenizer, config, prompts, args.out_dir, reward_options=reward_options,
+                          resume=not args.no_resume)
+        history = trainer.train()
+    except (CheckpointError, FileNotFoundError, ValueError) as err:
+        print(f"python -m dalle_lab.align: error: {err}", file=sys.stderr)
+        return 1
+    if history:
+        first, last = history[0], history[-1]
+        print(f"[align] reward {first['reward_mean']:.4f} -> {last['reward_mean']:.4f} over {last['epoch'] + 1} "
+              f"epochs ({last['images_sampled']} images, {last['elapsed_s']:.0f}s)")
+    out = Path(args.out_dir)
+    print(f"[align] model: {out / 'dalle_aligned.pt'}  curve: {out / 'reward_curve.png'}  "
+          f"samples: {out / 'samples_before.png'}, {out / 'samples_after.png'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
