@@ -46,14 +46,15 @@ def test_train_from_an_image_text_folder(tmp_path):
 
     folder = tmp_path / "folder"
     (folder / "sub").mkdir(parents=True)
-    for stem, text in [("one", "a red kite\na kite in the sky"), ("sub/two", "zebras grazing")]:
+    captions = {"one": "a red kite\na kite in the sky", "sub/two": "zebras grazing", "sub/one": "quiet fox"}
+    for stem, text in captions.items():  # sub/one shares its stem with one: both must be read
         Image.new("RGB", (8, 8)).save(folder / f"{stem}.png")
         (folder / f"{stem}.txt").write_text(text + "\n")
 
     output = tmp_path / "folder.model"
     assert train_main(["--input", str(folder), "--vocab_size", "60", "--output", str(output)]) == 0
     tok = get_tokenizer(output)
-    for caption in ["a red kite", "a kite in the sky", "zebras grazing"]:
+    for caption in ["a red kite", "a kite in the sky", "zebras grazing", "quiet fox"]:
         assert tok.decode(tok.encode(caption)) == caption and 1 not in tok.encode(caption)
 
 
