@@ -200,3 +200,31 @@ def test_reward_backprop_epoch_improves_a_differentiable_reward_and_refuses_jpeg
     with pytest.raises(ValueError, match="differentiable"):
         make_trainer(tokenizer, tmp_path / "jpeg", cls=RB.RewardBackpropTrainer, method="reward_backprop",
                      reward=jpeg_compressibility)
+
+
+class ToyScorer(nn.Module):
+    """A reward model with its own precision setting, like the AestheticScorer: in bf16 it is off by +0.5."""
+
+    def __init__(self):
+        super().__init__()
+        self.precision = "fp32"
+
+    def forward(self, images, prompts=None):
+        score = images.float().mean(dim=(1, 2, 3))
+        return score + 0.5 if self.precision != "fp32" else score
+
+
+def test_low_precision_reward_logs_its_gap_to_fp32_and_warns(tokenizer, tmp_path):
+    scorer = ToyScorer()
+
+    def toy_reward(images, prompts=None):
+        return scorer(images, prompts)
+
+    toy_reward.scorer = scorer
+    trainer = make_trainer(tokenizer, tmp_path, reward=toy_reward, reward_precision="bf16", reward_gap_fraction=0.5)
+    assert scorer.precision == "bf16"  # the trainer scores in the requested precision
+    with pytest.warns(UserWarning, match="disagrees with float32"):
+        log = trainer.train_epoch(trainer.epoch_prompts(0))
+    assert log["reward_gap"] == pytest.approx(0.5, abs=1e-5) and log["reward_gap_n"] == 3
+    with pytest.raises(ValueError, match="precision"):
+        make_trainer(tokenizer, tmp_path / "b", reward=brightness, reward_precision="bf16")

@@ -164,7 +164,7 @@ class PolicyGradientTrainer(AlignTrainer):
         if "kl_ref_token" in log:  # the sequence KL: per-token KL summed over the image's tokens
             log["kl_ref_image"] = log["kl_ref_token"] * batch["tokens"].shape[1]
         log.update(self.reward_summary(rewards))
-        log.update(self.reward_precision_gap(batch["images"], prompts))
+        log.update(self.reward_precision_gap(batch["images"], prompts, rewards))
         self.last_batch = batch
         return log
 

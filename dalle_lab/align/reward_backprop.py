@@ -114,6 +114,7 @@ class RewardBackpropTrainer(AlignTrainer):
         log = {k: float(np.mean([s[k] for s in logs])) for k in logs[0]}
         if "kl_ref_token" in log:
             log["kl_ref_image"] = log["kl_ref_token"] * tokens.shape[1]
-        log.update(self.reward_summary(torch.cat(rewards)))
-        log.update(self.reward_precision_gap(torch.cat(images_all), prompts))
+        rewards = torch.cat(rewards)
+        log.update(self.reward_summary(rewards))
+        log.update(self.reward_precision_gap(torch.cat(images_all), prompts, rewards))
         return log

@@ -59,6 +59,7 @@ class AlignTrainer:
         if config.reward_precision != "fp32":
             self.reward_options["precision"] = config.reward_precision
         self.reward = reward if reward is not None else get_reward(config.reward, **self.reward_options)
+        self._check_reward_precision()
         self.reward_worker = RewardWorker(self.reward)
 
         self.lora_modules = []
@@ -169,24 +170,32 @@ class AlignTrainer:
         se = rewards.std(ddof=1) / math.sqrt(len(rewards)) if len(rewards) > 1 else float("nan")
         return {"reward_mean": float(rewards.mean()), "reward_std": float(rewards.std()), "reward_se": float(se)}
 
-    def reward_precision_gap(self, images, prompts) -> dict:
+    def _check_reward_precision(self) -> None:
+        """A lower reward precision only means something for a reward backed by a torch model that carries its own
+        precision setting (the AestheticScorer); refuse it elsewhere rather than silently scoring in float32."""
+        if self.config.reward_precision == "fp32":
+            return
+        model = getattr(self.reward, "scorer", None) or getattr(self.reward, "model", None)
+        if not isinstance(getattr(model, "precision", None), str):
+            raise ValueError(f"reward_precision={self.config.reward_precision!r} needs a reward model with a precision "
+                             f"setting (the aesthetic reward); {self.config.reward!r} has none: use fp32")
+        model.precision = self.config.reward_precision
+
+    def reward_precision_gap(self, images, prompts, scores) -> dict:
         """Issue 7: when the reward model runs in a lower precision, re-score a fraction of this epoch's images in
-        float32 and log the mean absolute gap, warning when it exceeds `reward_gap_warn`."""
+        float32 (dalle_lab.align.precision.reward_gap), log the gap and warn beyond the thresholds."""
         cfg = self.config
         if cfg.reward_precision == "fp32":
             return {}
-        from dalle_lab.align.precision import reward_gap
+        from dalle_lab.align.precision import reward_gap, reward_gap_warning
 
-        count = max(1, int(round(cfg.reward_gap_fraction * len(prompts))))
-        index = torch.randperm(len(prompts), generator=self.generator)[:count]
-        gap = reward_gap(self.reward, images[index], [prompts[i] for i in index.tolist()],
-                         precision=cfg.reward_precision)
-        gap = float(gap)
-        if gap > cfg.reward_gap_warn:
-            warnings.warn(f"epoch {self.epoch}: the reward in {cfg.reward_precision} differs from float32 by {gap:.4f} "
-                          f"on average (threshold {cfg.reward_gap_warn}); the policy may be optimising a precision "
-                          f"artefact (see docs/align.md)")
-        return {"reward_gap": gap}
+        gap = reward_gap(self.reward, images, prompts, cfg.reward_precision, cfg.reward_gap_fraction,
+                         scores=scores, generator=self.generator)
+        message = reward_gap_warning(gap, max_mean_abs_diff=cfg.reward_gap_warn)
+        if message:
+            warnings.warn(f"epoch {self.epoch}: {message}")
+        return {"reward_gap": gap["mean_abs_diff"], "reward_gap_mean_diff": gap["mean_diff"],
+                "reward_gap_spearman": gap["spearman"], "reward_gap_n": gap["n"]}
 
     # ------------------------------------------------------------ the loop
 
