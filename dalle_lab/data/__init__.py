@@ -2,6 +2,7 @@
 
 See docs/data.md for the caption grammar, the splits, the checker's attributes and the folder/shard formats.
 """
+from .folder import FolderReport, TextImageFolder, iter_folder_captions
 from .shapes import (
     DEFAULT_IMAGE_SIZE,
     Scene,
@@ -17,8 +18,17 @@ from .shapes import (
     split_of,
     validation_captions,
 )
+from .shapes import check, evaluate
+from .wds import webdataset_dataset, webdataset_loader
 
 __all__ = [
+    "FolderReport",
+    "TextImageFolder",
+    "iter_folder_captions",
+    "check",
+    "evaluate",
+    "webdataset_dataset",
+    "webdataset_loader",
     "DEFAULT_IMAGE_SIZE",
     "Scene",
     "SceneSpec",

@@ -1,0 +1,127 @@
+"""WebDataset tar shards: image + txt per sample, split across ranks (processes) and DataLoader workers.
+
+Each sample in a shard is a group of files sharing a key, e.g. `000123.jpg` + `000123.txt` (extensions as in
+`IMAGE_EXTENSIONS`; the txt may hold several caption lines, one is drawn per access). Shards are dealt out
+round-robin: rank r of R gets shards r, r+R, ...; within a rank, DataLoader worker w of W gets every W-th of
+those. So each shard is read by exactly one worker of one rank per epoch, and you want at least R*W shards.
+Samples that cannot be decoded (no image, no caption, corrupt image) are logged and skipped.
+"""
+from __future__ import annotations
+
+import io
+import logging
+import random
+from functools import partial
+from itertools import islice
+from typing import Iterator, Sequence
+
+from .folder import IMAGE_EXTENSIONS
+from .transforms import load_image
+
+logger = logging.getLogger(__name__)
+
+_IMAGE_KEYS = tuple(extension.lstrip(".") for extension in IMAGE_EXTENSIONS)
+
+
+def distributed_rank() -> tuple[int, int]:
+    """(rank, world_size) from torch.distributed when it is initialised, else from RANK/WORLD_SIZE, else (0, 1)."""
+    import os
+
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+
+
+def _expand(urls) -> list[str]:
+    import webdataset as wds
+
+    if isinstance(urls, str):
+        return list(wds.shardlists.expand_urls(urls))
+    return [str(url) for url in urls]
+
+
+def _split_by_rank(shards: Iterator[dict], rank: int, world_size: int) -> Iterator[dict]:
+    return islice(shards, rank, None, world_size)
+
+
+def _decode(samples: Iterator[dict], image_size: int, tokenizer, text_seq_len, truncate_captions) -> Iterator[tuple]:
+    for sample in samples:
+        where = f"{sample.get('__url__', '?')}:{sample.get('__key__', '?')}"
+        image_key = next((key for key in _IMAGE_KEYS if key in sample), None)
+        if image_key is None or "txt" not in sample:
+            logger.warning("skipping shard sample %s: needs an image (%s) and a txt, has %s",
+                           where, "/".join(_IMAGE_KEYS), sorted(k for k in sample if not k.startswith("__")))
+            continue
+        captions = [line.strip() for line in sample["txt"].decode("utf-8", "replace").splitlines() if line.strip()]
+        if not captions:
+            logger.warning("skipping shard sample %s: empty caption", where)
+            continue
+        try:
+            image = load_image(io.BytesIO(sample[image_key]), image_size)
+        except Exception as error:  # PIL raises many types for bad files
+            logger.warning("skipping shard sample %s: corrupt image (%s: %s)", where, type(error).__name__, error)
+            continue
+        caption = random.choice(captions)
+        if tokenizer is None:
+            yield image, caption
+            continue
+        try:
+            tokens = tokenizer.tokenize([caption], text_seq_len, truncate_text=truncate_captions)[0]
+        except ValueError as error:
+            raise ValueError(f"shard sample {where}: {error} (pass truncate_captions=True / --truncate_captions)") from error
+        yield tokens, image
+
+
+def webdataset_dataset(urls, image_size: int = 32, tokenizer=None, text_seq_len: int | None = None,
+                       truncate_captions: bool = False, shuffle: int = 0, rank: int | None = None,
+                       world_size: int | None = None, seed: int = 0):
+    """An IterableDataset of `(image, caption)` (or `(text_tokens, image)` with a tokenizer) from tar shards.
+
+    urls: a brace pattern ("data/shard-{000..099}.tar") or a list of paths/URLs. rank/world_size default to
+    `distributed_rank()`. shuffle > 0 shuffles the shard order per epoch and samples in a buffer of that size.
+    """
+    import webdataset as wds
+
+    if tokenizer is not None and not text_seq_len:
+        raise ValueError("webdataset_dataset with a tokenizer needs text_seq_len (the model's text context length)")
+    shards = _expand(urls)
+    if not shards:
+        raise ValueError(f"no WebDataset shards in {urls!r}")
+    default_rank, default_world = distributed_rank()
+    rank = default_rank if rank is None else rank
+    world_size = default_world if world_size is None else world_size
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank {rank} is not in [0, world_size={world_size})")
+    if len(shards) < world_size:
+        raise ValueError(f"{len(shards)} shards cannot feed {world_size} ranks: write at least one shard per rank "
+                         f"(and ideally one per DataLoader worker of every rank)")
+
+    # Module-level functions through partial (not closures), so DataLoader workers can be spawned as well as forked.
+    dataset = wds.WebDataset(shards, shardshuffle=shuffle if shuffle else False,
+                             nodesplitter=partial(_split_by_rank, rank=rank, world_size=world_size),
+                             workersplitter=wds.split_by_worker, seed=seed, empty_check=False)
+    if shuffle:
+        dataset = dataset.shuffle(shuffle)
+    return dataset.compose(partial(_decode, image_size=image_size, tokenizer=tokenizer, text_seq_len=text_seq_len,
+                                   truncate_captions=truncate_captions))
+
+
+def webdataset_loader(urls, batch_size: int, num_workers: int = 0, **dataset_kwargs):
+    """A DataLoader of batches from tar shards (see `webdataset_dataset` for the other arguments).
+
+    Batches are stacked tensors plus a list of captions (or two tensors with a tokenizer). The loader ends after
+    one pass over this rank's shards; the last batch may be smaller.
+    """
+    import torch
+    from torch.utils.data import DataLoader
+
+    def collate(batch: Sequence[tuple]):
+        first, second = zip(*batch)
+        if isinstance(second[0], str):  # (image, caption)
+            return torch.stack(first), list(second)
+        return torch.stack(first), torch.stack(second)  # (text_tokens, image)
+
+    dataset = webdataset_dataset(urls, **dataset_kwargs)
+    return DataLoader(dataset, batch_size=batch_size, num_workers=num_workers, collate_fn=collate)
