@@ -20,8 +20,9 @@ def format_seconds(seconds: float | None) -> str:
 class RunLogger:
     def __init__(self, enabled: bool, progress: bool = True, wandb_name: str | None = None,
                  wandb_entity: str | None = None, wandb_project: str = "dalle_lab", wandb_run_id: str | None = None,
-                 config: dict | None = None):
+                 config: dict | None = None, metrics_path=None):
         self.enabled = enabled
+        self.metrics_path = metrics_path  # one JSON line per logged step, appended (a resumed run continues it)
         self.progress = progress and enabled
         self.bar = None
         self.wandb_run = None
@@ -54,8 +55,13 @@ class RunLogger:
                  f"lr {metrics['lr']:.2e} {metrics['tokens_per_s']:.0f} tok/s left {format_seconds(time_left)}")
         if self.bar is not None:
             self.bar.set_postfix_str(shown, refresh=False)
-        elif not self.progress:
-            pass  # quiet (tests): metrics still go to wandb
+        if self.metrics_path is not None:
+            import json
+            from pathlib import Path
+
+            Path(self.metrics_path).parent.mkdir(parents=True, exist_ok=True)
+            with open(self.metrics_path, "a", encoding="utf-8") as handle:
+                handle.write(json.dumps({"step": step, **metrics}) + "\n")
         if self.wandb_run is not None:
             self.wandb_run.log(dict(metrics), step=step)
 

@@ -38,11 +38,14 @@ class TrainResult:
     history: list[dict] = field(default_factory=list)  # per optimizer step: loss, loss_text, loss_img, lr, grad_norm
 
 
-def train(cfg: TrainConfig, model_overrides: dict | None = None, *, tokenizer=None, vae=None) -> TrainResult:
+def train(cfg: TrainConfig, model_overrides: dict | None = None, *, tokenizer=None, vae=None,
+          stop_at_step: int | None = None) -> TrainResult:
     """Train a DALLE as `cfg` says. `model_overrides` are DALLEConfig fields (dim, depth, ...); the rest come from
     DALLEConfig's defaults, the tokenizer (num_text_tokens) and the VAE (num_image_tokens, image_fmap_size).
     `tokenizer` / `vae` objects may be given directly (tests, notebooks); otherwise they come from cfg's paths.
     When resuming, the model config, tokenizer and VAE recorded in the checkpoint are used.
+    `stop_at_step` stops (and checkpoints) early without changing the LR schedule's horizon, as a killed run would:
+    the resume tests use it.
     """
     dist = env_dist_info()
     device = _device(cfg, dist)
@@ -95,7 +98,8 @@ def train(cfg: TrainConfig, model_overrides: dict | None = None, *, tokenizer=No
     from .logging import RunLogger
 
     logger = RunLogger(dist.is_main, cfg.progress, cfg.wandb_name, cfg.wandb_entity, cfg.wandb_project, wandb_run_id,
-                       config={**cfg.to_dict(), "model": model_config})
+                       config={**cfg.to_dict(), "model": model_config},
+                       metrics_path=Path(cfg.output_dir) / f"{cfg.dalle_output_file_name}-metrics.jsonl")
     if resume_ckpt:
         logger.message(f"resumed {resume_path} at step {step}")
     output_dir = Path(cfg.output_dir)
@@ -116,7 +120,8 @@ def train(cfg: TrainConfig, model_overrides: dict | None = None, *, tokenizer=No
     run_start, steps_this_run = time.monotonic(), 0
     try:
         while True:
-            stopped = _budget_exhausted(cfg, step, source, run_start)
+            stopped = _budget_exhausted(cfg, step, source, run_start) or (
+                "stop_at_step" if stop_at_step is not None and step >= stop_at_step else None)
             if stopped:
                 break
             step_start = time.monotonic()

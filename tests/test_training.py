@@ -1,0 +1,127 @@
+"""The plain training loop: it learns, resumes exactly, guards against non-finite losses; the LR schedule."""
+import math
+
+import pytest
+import torch
+
+from dalle_lab.training.config import TrainConfig
+from dalle_lab.training.loop import NonFiniteLossError, train
+from dalle_lab.training.schedule import LRSchedule
+
+TINY_MODEL = dict(dim=32, depth=1, heads=2, dim_head=16, null_cond_prob=0.0)
+
+
+@pytest.fixture(scope="module")
+def tiny_vqgan(tmp_path_factory):
+    from dalle_lab.vae.tiny import make_tiny_vqgan
+
+    return make_tiny_vqgan(tmp_path_factory.mktemp("vqgan"))
+
+
+def tiny_config(tiny_vqgan, output_dir, **overrides) -> TrainConfig:
+    ckpt, yaml = tiny_vqgan
+    settings = dict(vqgan_model_path=str(ckpt), vqgan_config_path=str(yaml), batch_size=4, max_steps=6,
+                    warmup_steps=2, output_dir=str(output_dir), save_every_n_steps=0, sample_every_n_steps=0,
+                    progress=False, log_every_n_steps=1, seed=3)
+    settings.update(overrides)
+    return TrainConfig(**settings)
+
+
+def test_plain_loop_lowers_the_loss(tiny_vqgan, tmp_path):
+    result = train(tiny_config(tiny_vqgan, tmp_path, max_steps=25, learning_rate=3e-3, warmup_steps=3), TINY_MODEL)
+    losses = [h["loss"] for h in result.history]
+    assert result.step == 25 and len(losses) == 25
+    assert sum(losses[-5:]) / 5 < sum(losses[:5]) / 5 - 0.3
+    for h in result.history:  # the parts are reported and combine as the model's formula says (weight 7)
+        assert h["loss"] == pytest.approx((h["loss_text"] + 7 * h["loss_img"]) / 8, rel=1e-4)
+    assert result.checkpoint_path.is_file()
+    assert (tmp_path / "dalle-metrics.jsonl").read_text().count("\n") == 25
+
+
+def test_resume_continues_exactly(tiny_vqgan, tmp_path):
+    straight = train(tiny_config(tiny_vqgan, tmp_path / "straight", amp=True), TINY_MODEL)
+    first = train(tiny_config(tiny_vqgan, tmp_path / "split", amp=True), TINY_MODEL, stop_at_step=3)
+    assert first.step == 3 and first.stopped_because == "stop_at_step"
+    second = train(tiny_config(tiny_vqgan, tmp_path / "split", amp=True, resume="latest"), TINY_MODEL)
+    assert second.step == 6 and len(second.history) == 3
+
+    straight_losses = [h["loss"] for h in straight.history]
+    split_losses = [h["loss"] for h in first.history + second.history]
+    assert split_losses == pytest.approx(straight_losses, abs=1e-6)
+    a = torch.load(straight.checkpoint_path, weights_only=True)
+    b = torch.load(second.checkpoint_path, weights_only=True)
+    assert a["step"] == b["step"] == 6 and a["data_position"] == b["data_position"]
+    for name, tensor in a["model"].items():
+        torch.testing.assert_close(b["model"][name], tensor, rtol=0, atol=1e-6)
+
+
+def test_checkpoint_rotation_keeps_the_newest(tiny_vqgan, tmp_path):
+    train(tiny_config(tiny_vqgan, tmp_path, save_every_n_steps=2, keep_n_checkpoints=2), TINY_MODEL)
+    kept = sorted(p.name for p in tmp_path.glob("dalle-step*.pt"))
+    assert kept == ["dalle-step00000004.pt", "dalle-step00000006.pt"]
+    assert torch.load(tmp_path / "dalle.pt", weights_only=True)["step"] == 6
+
+
+def _nan_on_calls(monkeypatch, bad_calls):
+    """Make DALLE.forward return a NaN loss on the given (1-based) calls."""
+    from dalle_lab.model import DALLE
+
+    original = DALLE.forward
+    calls = {"n": 0}
+
+    def forward(self, *args, **kwargs):
+        calls["n"] += 1
+        out = original(self, *args, **kwargs)
+        if calls["n"] in bad_calls:
+            nan = out.loss * float("nan")
+            return out._replace(loss=nan, loss_img=nan)
+        return out
+
+    monkeypatch.setattr(DALLE, "forward", forward)
+
+
+def test_isolated_nonfinite_loss_is_skipped_and_counted(tiny_vqgan, tmp_path, monkeypatch):
+    _nan_on_calls(monkeypatch, {2})
+    result = train(tiny_config(tiny_vqgan, tmp_path, max_steps=4), TINY_MODEL)
+    assert result.step == 4 and result.nonfinite_skipped == 1
+    assert all(math.isfinite(h["loss"]) for h in result.history)
+    assert all(torch.isfinite(v).all() for v in torch.load(result.checkpoint_path, weights_only=True)["model"].values())
+
+
+def test_nonfinite_losses_in_a_row_stop_with_advice(tiny_vqgan, tmp_path, monkeypatch):
+    _nan_on_calls(monkeypatch, set(range(3, 100)))
+    with pytest.raises(NonFiniteLossError) as err:
+        train(tiny_config(tiny_vqgan, tmp_path, max_steps=10, max_nonfinite=3), TINY_MODEL)
+    message = str(err.value)
+    assert "3 times in a row" in message and "step 3" in message
+    assert "--stable" in message and "--learning_rate" in message
+
+
+def test_gradient_accumulation_matches_the_large_batch(tiny_vqgan, tmp_path):
+    big = train(tiny_config(tiny_vqgan, tmp_path / "big", batch_size=4, max_steps=3), TINY_MODEL)
+    accumulated = train(tiny_config(tiny_vqgan, tmp_path / "ga", batch_size=2, ga_steps=2, max_steps=3), TINY_MODEL)
+    assert [h["loss"] for h in accumulated.history] == pytest.approx([h["loss"] for h in big.history], abs=1e-5)
+
+
+def test_warmup_is_linear_from_zero_then_cosine_to_the_floor():
+    schedule = LRSchedule(1e-3, warmup_steps=4, total_steps=14, decay="cosine", min_lr_ratio=0.1)
+    factors = [schedule.factor(s) for s in range(15)]
+    assert factors[:4] == pytest.approx([0.25, 0.5, 0.75, 1.0])
+    assert factors[4] == pytest.approx(1.0)
+    assert factors[9] == pytest.approx(0.55)  # half way through the decay: the mean of peak and floor
+    assert factors[14] == pytest.approx(0.1)
+    assert all(a >= b for a, b in zip(factors[4:], factors[5:]))
+
+
+def test_plateau_cuts_the_rate_when_the_loss_stalls_and_round_trips():
+    schedule = LRSchedule(1.0, warmup_steps=0, decay="plateau", plateau_patience=3, plateau_factor=0.5,
+                          plateau_smoothing=0.0)
+    for loss in [3.0, 2.0, 1.0]:
+        schedule.step(loss)
+    assert schedule.current_lr() == 1.0
+    for _ in range(3):
+        schedule.step(1.5)
+    assert schedule.current_lr() == 0.5
+    clone = LRSchedule(1.0, warmup_steps=0, decay="plateau", plateau_patience=3, plateau_smoothing=0.0)
+    clone.load_state_dict(schedule.state_dict())
+    assert clone.current_lr() == 0.5 and clone.step_count == schedule.step_count
