@@ -128,3 +128,12 @@ def test_sampling_mixes_one_and_two_object_captions():
     dataset = ShapesDataset("train", 400)
     ones = sum(len(dataset.scene(i).spec.objects) == 1 for i in range(400))
     assert 120 < ones < 280
+
+
+def test_builtin_dataset_selects_shapes_by_name():
+    from dalle_lab.data.builtin import builtin_dataset
+
+    dataset = builtin_dataset("shapes", "val", image_size=16, length=5, seed=2)
+    assert isinstance(dataset, ShapesDataset) and len(dataset) == 5 and dataset[0][0].shape == (3, 16, 16)
+    with pytest.raises(ValueError, match="unknown built-in dataset"):
+        builtin_dataset("mnist")

