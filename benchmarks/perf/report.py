@@ -1,0 +1,169 @@
+"""Turn run.py's raw measurements into the side-by-side tables (markdown, so they paste into benchmarks/README.md).
+
+Ratios are "ours / peer" in speed (throughput), so > 1 means ours is faster, and each is the median over rounds of
+the ratio between the two runs of the same round (neighbouring runs see the same machine load). Memory ratios are
+ours / peer peak resident memory, so < 1 means ours uses less.
+
+MFU (model FLOPs utilisation) = 6 * non-embedding parameters * training tokens/s / matmul ceiling (FLOP/s): the
+usual 2 FLOPs per parameter per token forward and 4 backward, attention's own score FLOPs left out, as in the issue.
+"""
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+
+TARGETS = [
+    # (label, key of ours, key of peer, ours impl, peer impl, metric, target)
+    ("training fp32, ref config", "train/reference/fp32", "train/reference/fp32", "ours", "peer", "speed", 1.25),
+    ("training bf16 autocast vs peer fp32", "train/reference/bf16", "train/reference/fp32", "ours", "peer", "speed",
+     2.0),
+    ("cached generation, 4 x 256 tokens", "generate/reference/cached", "generate/reference/cached", "ours", "peer",
+     "speed", 3.0),
+]
+
+
+def _ok(results):
+    return [r for r in results if "error" not in r]
+
+
+def _speed(result: dict) -> float:
+    """Throughput of one measurement, whatever its kind (higher is better)."""
+    if "tokens_per_s" in result:
+        return result["tokens_per_s"]
+    return 1.0 / result["s_per_batch"]
+
+
+def index(jobs) -> dict:
+    """(key, impl) -> {round: result}"""
+    table = defaultdict(dict)
+    for job in jobs:
+        table[(job.key, job.impl)][job.round] = job.result
+    return table
+
+
+def paired_ratio(table, key_a, impl_a, key_b, impl_b, metric) -> tuple[float, list] | None:
+    a, b = table.get((key_a, impl_a), {}), table.get((key_b, impl_b), {})
+    ratios = []
+    for rnd in sorted(set(a) & set(b)):
+        ra, rb = a[rnd], b[rnd]
+        if "error" in ra or "error" in rb:
+            continue
+        if metric == "speed":
+            ratios.append(_speed(ra) / _speed(rb))
+        else:  # memory
+            ratios.append(ra["peak_rss_mb"] / rb["peak_rss_mb"])
+    if not ratios:
+        return None
+    return statistics.median(ratios), ratios
+
+
+def median_of(table, key, impl, field):
+    values = [r[field] for r in _ok(table.get((key, impl), {}).values()) if field in r]
+    return statistics.median(values) if values else None
+
+
+def ceiling(table) -> dict:
+    results = _ok(table.get(("matmul", "ours"), {}).values())
+    return {name: max(r[f"gflops_{name}"] for r in results) if results else None for name in ("fp32", "bf16")}
+
+
+def _fmt(value, spec=".0f", missing="-"):
+    return missing if value is None else format(value, spec)
+
+
+def print_report(jobs, meta: dict) -> None:
+    table = index(jobs)
+    ceil = ceiling(table)
+    keys = sorted({j.key for j in jobs if j.key != "matmul"})
+    impls = [i for i in ("ours", "peer", "peer-plain") if any(j.impl == i for j in jobs)]
+    print()
+    print(f"## Run of {meta['started']} ({'quick' if meta['quick'] else 'full'}; {meta['minutes']:.1f} min; "
+          f"torch threads {meta['threads']}, OMP_WAIT_POLICY {meta['omp_wait_policy']}; load average "
+          f"{meta['loadavg_start']:.1f} at start, {meta['loadavg_end']:.1f} at end, {meta['cpus']} CPUs)")
+    print()
+    print(f"Matmul ceiling (2048x2048, best of the run): {_fmt(ceil['fp32'])} GFLOP/s fp32, "
+          f"{_fmt(ceil['bf16'])} GFLOP/s bf16")
+
+    print()
+    print("### Targets (ratio = median over rounds of ours/peer from neighbouring runs)")
+    print()
+    print("| target | ratio ours/peer | per round | goal | met |")
+    print("|---|---|---|---|---|")
+    for label, key_a, key_b, impl_a, impl_b, metric, goal in TARGETS:
+        got = paired_ratio(table, key_a, impl_a, key_b, impl_b, metric)
+        if got is None:
+            print(f"| {label} | not measured | | >= {goal} | |")
+            continue
+        ratio, per_round = got
+        print(f"| {label} | {ratio:.2f}x | {', '.join(f'{r:.2f}' for r in per_round)} | >= {goal}x | "
+              f"{'yes' if ratio >= goal else 'NO'} |")
+    for key in ("train/reference/fp32", "generate/reference/cached"):
+        got = paired_ratio(table, key, "ours", key, "peer", "memory")
+        if got:
+            ratio, per_round = got
+            print(f"| peak RSS, {key} | {ratio:.2f} | {', '.join(f'{r:.2f}' for r in per_round)} | <= 1.00 | "
+                  f"{'yes' if ratio <= 1.0 else 'NO'} |")
+
+    print()
+    print("### Every measurement (medians over rounds)")
+    print()
+    print("| measurement | impl | tokens/s or s/batch | ms/token step | images/s | peak RSS MB | MFU fp32 / bf16 ceil "
+          "| ours/this speed |")
+    print("|---|---|---|---|---|---|---|---|")
+    for key in keys:
+        for impl in impls:
+            results = _ok(table.get((key, impl), {}).values())
+            if not results:
+                if table.get((key, impl)):
+                    print(f"| {key} | {impl} | FAILED | | | | | |")
+                continue
+            rss = median_of(table, key, impl, "peak_rss_mb")
+            vs = paired_ratio(table, key, "ours", key, impl, "speed") if impl != "ours" else None
+            vs_txt = f"{vs[0]:.2f}x" if vs else ""
+            if key.startswith("train"):
+                tps = median_of(table, key, impl, "tokens_per_s")
+                n = results[0]["params"]["non_embedding"]
+                mfu = [6 * n * tps / (c * 1e9) if c else None for c in (ceil["fp32"], ceil["bf16"])]
+                print(f"| {key} | {impl} | {tps:.0f} tok/s ({median_of(table, key, impl, 's_per_step'):.3f} s/step) "
+                      f"| | | {rss:.0f} | {_fmt(mfu[0] and 100 * mfu[0])}% / {_fmt(mfu[1] and 100 * mfu[1])}% "
+                      f"| {vs_txt} |")
+            else:
+                print(f"| {key} | {impl} | {median_of(table, key, impl, 's_per_batch'):.2f} s / "
+                      f"{results[0]['batch']} images | {median_of(table, key, impl, 'ms_per_token_step'):.1f} "
+                      f"| {median_of(table, key, impl, 'images_per_s'):.2f} | {rss:.0f} | | {vs_txt} |")
+
+    _print_linearity(table, impls)
+    _print_models(table)
+
+
+def _print_linearity(table, impls) -> None:
+    rows = [("grid64", 64), ("reference", 256), ("grid1024", 1024)]
+    if not any((f"generate/{name}/cached", "ours") in table for name, _ in rows if name != "reference"):
+        return
+    print()
+    print("### Cached generation vs image tokens (batch of 4): linear means constant ms per image token")
+    print()
+    print("| image tokens | " + " | ".join(f"{i} s/image | {i} ms/image token" for i in impls) + " |")
+    print("|---|" + "---|---|" * len(impls))
+    for name, n in rows:
+        cells = []
+        for impl in impls:
+            s = median_of(table, f"generate/{name}/cached", impl, "s_per_image")
+            cells += [_fmt(s, ".3f"), _fmt(s and 1000 * s / n, ".2f")]
+        print(f"| {n} | " + " | ".join(cells) + " |")
+
+
+def _print_models(table) -> None:
+    print()
+    print("### Models compared")
+    print()
+    for key in ("train/reference/fp32", "train/default/fp32"):
+        for impl in ("ours", "peer", "peer-plain"):
+            results = _ok(table.get((key, impl), {}).values())
+            if results:
+                r = results[0]
+                p = r["params"]
+                notes = ("; " + "; ".join(r["notes"])) if r.get("notes") else ""
+                print(f"- {key.split('/')[1]} {impl}: {p['total'] / 1e6:.3f}M trainable parameters, "
+                      f"{p['non_embedding'] / 1e6:.3f}M non-embedding; filter_thres={r['filter_thres']} keeps "
+                      f"k={r['effective_k']} of {r['num_image_tokens']} image tokens{notes}")

@@ -1,0 +1,182 @@
+"""One measurement in one fresh process, so that its peak resident memory belongs to that measurement alone.
+
+Run by run.py with either our environment's python (--impl ours) or the peer environment's (--impl peer); prints
+one line `RESULT {json}` at the end. Tasks:
+
+  matmul    the machine's float32 and bfloat16 ceiling: best GFLOP/s of a 2048x2048 @ 2048x2048 matmul
+  info      parameter counts and the sampler's effective top-k at filter_thres
+  train     median seconds per training step (forward, backward, AdamW step) -> tokens/s; --dtype bf16 = autocast
+  generate  median seconds to generate --batch images (token ids, no pixel decoding), with or without the cache
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import statistics
+import sys
+import time
+from contextlib import nullcontext
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # backends, peer_shims: importable from any cwd
+
+
+def peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
+
+
+def measure_matmul(n: int, reps: int) -> dict:
+    import torch
+
+    out = {}
+    for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
+        a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
+        a @ b  # first call picks and primes the kernel
+        best = float("inf")
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            a @ b
+            best = min(best, time.perf_counter() - t0)
+        out[f"gflops_{name}"] = 2 * n ** 3 / best / 1e9  # best, not median: a ceiling, and other jobs only slow it
+    return out
+
+
+def random_batch(bench, batch: int, seed: int = 0):
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    text = torch.randint(1, bench.num_text_tokens, (batch, bench.text_seq_len), generator=g)  # no padding
+    image = torch.randint(0, bench.num_image_tokens, (batch, bench.image_seq_len), generator=g)
+    return text, image
+
+
+def autocast(dtype: str):
+    import torch
+
+    if dtype == "fp32":
+        return nullcontext()
+    if dtype == "bf16":
+        return torch.autocast("cpu", dtype=torch.bfloat16)
+    raise ValueError(f"unknown --dtype {dtype!r}: use fp32 or bf16")
+
+
+def measure_train(bench, batch: int, dtype: str, warmup: int, steps: int) -> dict:
+    import torch
+
+    model = bench.model
+    model.train()
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=1e-4)
+    text, image = random_batch(bench, batch)
+
+    def step() -> float:
+        with autocast(dtype):
+            loss = bench.loss(text, image)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return loss.detach().item()
+
+    losses = [step() for _ in range(warmup)]
+    rss_warm = peak_rss_mb()
+    times = []
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        losses.append(step())
+        times.append(time.perf_counter() - t0)
+    seconds = statistics.median(times)  # median: robust to another job's burst on the shared cores
+    tokens = batch * (bench.text_seq_len + bench.image_seq_len)
+    return dict(s_per_step=seconds, step_times=times, tokens_per_step=tokens, tokens_per_s=tokens / seconds,
+                losses=losses, rss_after_warmup_mb=rss_warm)
+
+
+def measure_generate(bench, batch: int, use_cache: bool, filter_thres: float, reps: int) -> dict:
+    import torch
+
+    model = bench.model
+    text, image = random_batch(bench, batch)
+    with torch.no_grad():  # warm-up: one full-length forward primes the kernels without paying a whole generation
+        model.eval()
+        bench.loss(text, image)
+
+    # Evidence that the cache is really used: count the sequence lengths the transformer stack is called with.
+    lengths = []
+    stack = getattr(model, "transformer", None)
+    def record(module, args):
+        if args and torch.is_tensor(args[0]) and args[0].dim() == 3:
+            lengths.append(args[0].shape[1])
+
+    hook = stack.register_forward_pre_hook(record) if isinstance(stack, torch.nn.Module) else None
+
+    times = []
+    for rep in range(reps):
+        torch.manual_seed(rep)
+        t0 = time.perf_counter()
+        out = bench.generate(text, use_cache=use_cache, filter_thres=filter_thres)
+        times.append(time.perf_counter() - t0)
+    if hook is not None:
+        hook.remove()
+    tokens = out[1] if isinstance(out, tuple) else out
+    assert tokens.shape[-1] >= bench.image_seq_len, f"generation returned {tuple(tokens.shape)}"
+    seconds = statistics.median(times)
+    result = dict(s_per_batch=seconds, times=times, batch=batch, image_seq_len=bench.image_seq_len,
+                  images_per_s=batch / seconds, ms_per_token_step=1000 * seconds / bench.image_seq_len,
+                  image_tokens_per_s=batch * bench.image_seq_len / seconds, s_per_image=seconds / batch)
+    if lengths:
+        result["one_token_calls"] = sum(1 for n in lengths if n == 1) / len(lengths)
+    return result
+
+
+def _effective_k(bench, filter_thres: float):
+    try:
+        return bench.effective_k(filter_thres)
+    except Exception as err:  # a report of what could not be measured beats losing the whole measurement
+        return f"unavailable: {type(err).__name__}: {err}"
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--impl", choices=["ours", "peer"], default="ours")
+    p.add_argument("--task", choices=["matmul", "info", "train", "generate"], required=True)
+    p.add_argument("--config", default="null", help="JSON dict of DALLEConfig fields, or null for DALLEConfig()")
+    p.add_argument("--variant", default="class-default", help="peer only: class-default or plain (no rotary/shift)")
+    p.add_argument("--dtype", default="fp32")
+    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--steps", type=int, default=5)
+    p.add_argument("--reps", type=int, default=1)
+    p.add_argument("--use-cache", type=int, default=1)
+    p.add_argument("--filter-thres", type=float, default=0.9)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--matmul-n", type=int, default=2048)
+    args = p.parse_args(argv)
+
+    import torch
+
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    result = dict(impl=args.impl, task=args.task, torch=torch.__version__, threads=torch.get_num_threads())
+    if args.task == "matmul":
+        result.update(measure_matmul(args.matmul_n, reps=max(args.reps, 3)))
+    else:
+        import backends
+
+        bench = backends.build(args.impl, json.loads(args.config), args.variant)
+        result.update(config=bench.config, notes=bench.notes, rss_model_built_mb=peak_rss_mb(),
+                      params=backends.param_counts(bench.model), num_image_tokens=bench.num_image_tokens,
+                      filter_thres=args.filter_thres, effective_k=_effective_k(bench, args.filter_thres))
+        if args.task == "info":
+            pass
+        elif args.task == "train":
+            result.update(dtype=args.dtype, batch=args.batch,
+                          **measure_train(bench, args.batch, args.dtype, args.warmup, args.steps))
+        else:
+            result.update(use_cache=bool(args.use_cache),
+                          **measure_generate(bench, args.batch, bool(args.use_cache), args.filter_thres, args.reps))
+    result["peak_rss_mb"] = peak_rss_mb()
+    print("RESULT " + json.dumps(result), flush=True)
+
+
+if __name__ == "__main__":
+    main()
