@@ -91,10 +91,9 @@ class WebDatasetBatches:
     """WebDataset shards through dalle_lab.data.webdataset_loader. Resume replays the stream and skips the batches
     already consumed (shards stream; there is no random access), so the position is the batch count."""
 
-    def __init__(self, urls, batch_size: int, image_size: int, image_key: str = "jpg", caption_key: str = "txt",
-                 seed: int = 0, position: dict | None = None):
-        self.make_loader = lambda epoch: _webdataset_loader(urls, batch_size, image_size, image_key, caption_key,
-                                                            seed + epoch)
+    def __init__(self, urls, batch_size: int, image_size: int, seed: int = 0, position: dict | None = None,
+                 num_workers: int = 0):
+        self.make_loader = lambda epoch: _webdataset_loader(urls, batch_size, image_size, seed + epoch, num_workers)
         self.epoch = int(position["epoch"]) if position else 0
         self.batches = int(position["batch"]) if position else 0
         self._iterator = None
@@ -119,11 +118,11 @@ class WebDatasetBatches:
         return list(captions), images
 
 
-def _webdataset_loader(urls, batch_size, image_size, image_key, caption_key, seed):
+def _webdataset_loader(urls, batch_size, image_size, seed, num_workers):
     from dalle_lab.data import webdataset_loader
 
-    return webdataset_loader(urls, batch_size=batch_size, image_size=image_size, image_key=image_key,
-                             caption_key=caption_key, seed=seed)
+    # the loader finds the image (jpg/png/...) and txt members itself and splits shards across ranks and workers
+    return webdataset_loader(urls, batch_size=batch_size, num_workers=num_workers, image_size=image_size, seed=seed)
 
 
 def _collate(items):

@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass, field
 class TrainConfig:
     # data: no folder and no shards -> the built-in Shapes data, rendered fresh every step
     image_text_folder: str | None = None  # a folder of image + .txt pairs, or with `wds` the shard url(s)
-    wds: str | None = None  # "image_key,caption_key" of WebDataset shards, e.g. "jpg,txt"
+    wds: str | None = None  # set (e.g. "jpg,txt", as DALLE-pytorch) to read WebDataset shards from image_text_folder
     truncate_captions: bool = False
     num_workers: int = 0
 

@@ -273,11 +273,12 @@ def _engine(cfg: TrainConfig, model, optimizer, precision, dist: DistInfo):
 
 def _source(cfg: TrainConfig, dist: DistInfo, batch_size: int, image_size: int, position: dict | None):
     if cfg.wds:
-        keys = [k.strip() for k in cfg.wds.split(",")]
-        if len(keys) != 2 or not cfg.image_text_folder:
-            raise ValueError(f"--wds {cfg.wds!r}: give the image and caption keys, e.g. --wds jpg,txt, and the shard "
-                             f"url(s) as --image_text_folder")
-        return WebDatasetBatches(cfg.image_text_folder, batch_size, image_size, keys[0], keys[1], cfg.seed, position)
+        # DALLE-pytorch's --wds names the image and caption members ("jpg,txt"); dalle_lab.data finds an image
+        # member of any known extension and the txt member by itself, so the value only switches shards on.
+        if not cfg.image_text_folder:
+            raise ValueError("--wds reads WebDataset shards: give their path(s) or brace pattern as "
+                             "--image_text_folder, e.g. --image_text_folder 'shards/data-{000..009}.tar' --wds jpg,txt")
+        return WebDatasetBatches(cfg.image_text_folder, batch_size, image_size, cfg.seed, position, cfg.num_workers)
     if cfg.image_text_folder:
         from dalle_lab.data import TextImageFolder
 

@@ -1,0 +1,162 @@
+"""The checkpoint format: atomic writes survive a crash, clear errors, identities guard resumes, load_dalle."""
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+import torch
+
+from dalle_lab.training import checkpoint as ckpt_io
+from dalle_lab.training.config import TrainConfig
+from dalle_lab.training.loop import train
+
+TINY_MODEL = dict(dim=32, depth=1, heads=2, dim_head=16, null_cond_prob=0.0)
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """A 2-step training checkpoint of a tiny model on a tiny random VQGAN."""
+    from dalle_lab.vae.tiny import make_tiny_vqgan
+
+    root = tmp_path_factory.mktemp("ckpt")
+    vq_ckpt, vq_yaml = make_tiny_vqgan(root / "vqgan")
+    cfg = TrainConfig(vqgan_model_path=str(vq_ckpt), vqgan_config_path=str(vq_yaml), batch_size=2, max_steps=2,
+                      output_dir=str(root / "run"), sample_every_n_steps=0, progress=False)
+    result = train(cfg, TINY_MODEL)
+    return result.checkpoint_path, (vq_ckpt, vq_yaml)
+
+
+def test_training_checkpoint_holds_everything_a_resume_needs(trained):
+    path, _ = trained
+    ckpt = torch.load(path, weights_only=True)  # loads without unpickling arbitrary objects
+    for key in ("config", "tokenizer", "vae", "model", "optimizer", "scheduler", "scaler", "step", "epoch",
+                "data_position", "rng"):
+        assert key in ckpt, key
+    assert ckpt["step"] == 2 and ckpt["data_position"] == {"kind": "shapes", "samples": 4}
+    assert not any(name.startswith("vae.") or "encoder" in name for name in ckpt["model"])  # no VQGAN weights
+    assert set(ckpt["vae"]) >= {"kind", "model_path", "sha256"} and set(ckpt["tokenizer"]) >= {"path", "sha256"}
+    assert {"torch", "numpy", "python"} <= set(ckpt["rng"][0])
+
+
+def test_rng_states_round_trip():
+    import random
+
+    import numpy as np
+
+    state = ckpt_io.capture_rng()
+    expected = (torch.rand(3), np.random.rand(3), random.random())
+    torch.rand(5), np.random.rand(5), random.random()
+    ckpt_io.restore_rng(state)
+    again = (torch.rand(3), np.random.rand(3), random.random())
+    assert torch.equal(expected[0], again[0]) and np.array_equal(expected[1], again[1]) and expected[2] == again[2]
+
+
+def test_killed_save_leaves_the_previous_checkpoint_loadable(tmp_path):
+    path = tmp_path / "dalle.pt"
+    ckpt_io.save_checkpoint(ckpt_io.make_checkpoint(config={"dim": 1}, tokenizer_identity={}, vae_identity={},
+                                                    model={"w": torch.ones(3)}, step=1), path)
+    # A second save, killed (SIGKILL) half-way through writing: its torch.save writes some bytes, then hangs.
+    script = textwrap.dedent(f"""
+        import time, torch
+        from dalle_lab.training import checkpoint as ckpt_io
+        def slow_save(obj, f):
+            with open(f, "wb") as handle:
+                handle.write(b"PK-half-written")
+                handle.flush()
+                print("writing", flush=True)
+                time.sleep(60)
+        torch.save = slow_save
+        ckpt_io.save_checkpoint(ckpt_io.make_checkpoint(config={{"dim": 2}}, tokenizer_identity={{}},
+                                vae_identity={{}}, model={{"w": torch.zeros(3)}}, step=2), {str(path)!r})
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "writing"
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    ckpt = ckpt_io.read_checkpoint(path)
+    assert ckpt["step"] == 1 and torch.equal(ckpt["model"]["w"], torch.ones(3))
+
+
+def test_failed_save_cleans_up_and_keeps_the_old_file(tmp_path, monkeypatch):
+    path = tmp_path / "dalle.pt"
+    ckpt_io.save_checkpoint(ckpt_io.make_checkpoint(config={}, tokenizer_identity={}, vae_identity={}, model={},
+                                                    step=1), path)
+
+    def broken_save(obj, f):
+        with open(f, "wb") as handle:
+            handle.write(b"partial")
+        raise OSError("disk full")
+
+    monkeypatch.setattr(torch, "save", broken_save)
+    with pytest.raises(OSError):
+        ckpt_io.save_checkpoint({"format": ckpt_io.CHECKPOINT_FORMAT, "step": 2}, path)
+    assert ckpt_io.read_checkpoint(path)["step"] == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dalle.pt"]  # no temporary file left behind
+
+
+def test_unreadable_or_foreign_files_get_clear_errors(tmp_path):
+    with pytest.raises(ckpt_io.CheckpointError, match="does not exist"):
+        ckpt_io.read_checkpoint(tmp_path / "missing.pt")
+    garbage = tmp_path / "garbage.pt"
+    garbage.write_bytes(b"not a checkpoint at all")
+    with pytest.raises(ckpt_io.CheckpointError, match="not a readable dalle_lab checkpoint"):
+        ckpt_io.read_checkpoint(garbage)
+    foreign = tmp_path / "vae.pt"
+    torch.save({"state_dict": {"w": torch.ones(1)}}, foreign)
+    with pytest.raises(ckpt_io.CheckpointError, match="not a dalle_lab DALLE checkpoint"):
+        ckpt_io.read_checkpoint(foreign)
+
+
+def test_load_dalle_rebuilds_the_trained_model(trained):
+    path, _ = trained
+    dalle, tokenizer, vae = ckpt_io.load_dalle(path)
+    saved = torch.load(path, weights_only=True)
+    assert dalle.config.to_dict() == saved["config"]
+    for name, tensor in dalle.state_dict().items():
+        assert torch.equal(tensor, saved["model"][name])
+    assert tokenizer.identity["sha256"] == saved["tokenizer"]["sha256"]
+    assert vae.identity["sha256"] == saved["vae"]["sha256"] and not dalle.training
+
+
+def test_resume_with_another_image_tokenizer_is_refused(trained, tmp_path):
+    from dalle_lab.vae.tiny import make_tiny_vqgan
+
+    path, _ = trained
+    other_ckpt, other_yaml = make_tiny_vqgan(tmp_path / "other", n_embed=32)
+    cfg = TrainConfig(vqgan_model_path=str(other_ckpt), vqgan_config_path=str(other_yaml), resume=str(path),
+                      batch_size=2, max_steps=4, output_dir=str(tmp_path / "run"), progress=False)
+    with pytest.raises(ckpt_io.CheckpointError, match="different image tokenizer"):
+        train(cfg)
+
+
+def test_resume_with_another_vocabulary_is_refused(trained, tmp_path):
+    from dalle_lab.tokenizers import train_bpe
+
+    path, (vq_ckpt, vq_yaml) = trained
+    bpe = tmp_path / "other.json"
+    train_bpe(["a tiny vocabulary of other words", "words and more words"], output_path=bpe, vocab_size=60)
+    cfg = TrainConfig(vqgan_model_path=str(vq_ckpt), vqgan_config_path=str(vq_yaml), bpe_path=str(bpe),
+                      resume=str(path), batch_size=2, max_steps=4, output_dir=str(tmp_path / "run"), progress=False)
+    with pytest.raises(ckpt_io.CheckpointError, match="different text tokenizer"):
+        train(cfg)
+
+
+def test_weights_only_checkpoint_cannot_be_resumed_but_can_start_a_run(trained, tmp_path):
+    path, (vq_ckpt, vq_yaml) = trained
+    full = torch.load(path, weights_only=True)
+    weights = tmp_path / "weights.pt"
+    ckpt_io.save_checkpoint({k: full[k] for k in ("format", "config", "tokenizer", "vae", "model")}, weights)
+    cfg = TrainConfig(resume=str(weights), max_steps=3, output_dir=str(tmp_path / "a"), progress=False)
+    with pytest.raises(ckpt_io.CheckpointError, match="cannot be resumed"):
+        train(cfg)
+    cfg = TrainConfig(dalle_path=str(weights), batch_size=2, max_steps=1, output_dir=str(tmp_path / "b"),
+                      sample_every_n_steps=0, progress=False)
+    result = train(cfg)  # tokenizer and VAE come from what the checkpoint recorded
+    assert result.step == 1
