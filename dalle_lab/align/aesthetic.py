@@ -298,7 +298,11 @@ class AestheticScorer(nn.Module):
     def preprocess(self, images):
         return clip_preprocess(images, self.image_size, self.image_mean, self.image_std)
 
-    def _encode(self, images, precision, output_hidden_states=False):
+    def encode(self, images, precision: str | None = None, output_hidden_states: bool = False):
+        """One pass in `precision` (default: the scorer's): (encoder output, unit embeddings (B,D), scores (B,)).
+
+        The encoder output holds `hidden_states` when asked for (the parity report's per-layer comparison).
+        """
         pixels = self.preprocess(images.to(self.head.layers[0].weight.device))
         mode = check_mode(precision or self.precision)
         with precision_mode(self, mode) as handle:
@@ -312,7 +316,7 @@ class AestheticScorer(nn.Module):
 
     def embed(self, images, precision: str | None = None):
         """L2-normalised CLIP image embeddings (B, D), float32."""
-        return self._encode(images, precision)[1]
+        return self.encode(images, precision)[1]
 
     def score_embeddings(self, embeddings, precision: str | None = None):
         """Head scores of given (unit-norm) CLIP embeddings, in `precision`."""
@@ -323,9 +327,9 @@ class AestheticScorer(nn.Module):
 
     def hidden_states(self, images, precision: str | None = None):
         """Per-layer encoder hidden states (embeddings output, then each layer), each float32 (B, tokens, width)."""
-        out, _, _ = self._encode(images, precision, output_hidden_states=True)
+        out, _, _ = self.encode(images, precision, output_hidden_states=True)
         return [state.float() for state in out.hidden_states]
 
     def forward(self, images, prompts=None, precision: str | None = None):
         """Aesthetic scores (B,) float32 (prompts are ignored: the score depends on the image alone)."""
-        return self._encode(images, precision)[2]
+        return self.encode(images, precision)[2]

@@ -1,0 +1,100 @@
+"""`python -m dalle_lab.align.parity`: the precision parity report's command line (flags only; the work is parity.py).
+
+Examples:
+    # aesthetic scorer with a local CLIP ViT-L/14 on a folder of images, head-only check on the real embeddings
+    python -m dalle_lab.align.parity --clip_path ~/models/clip-vit-large-patch14 \\
+        --head_path sac+logos+ava1-l14-linearMSE.pth --images my_images/ --embeddings vit_l_14_embeddings/ --out parity/
+    # no CLIP weights: a random-weight ViT-L/14 (said plainly in every output), images sampled by a DALLE checkpoint
+    python -m dalle_lab.align.parity --head_path ...pth --dalle_path dalle.pt --prompts prompts.txt --out parity/
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+from dalle_lab.align.precision import PRECISION_MODES
+
+RANDOM_CLIP_NOTE = ("CLIP WEIGHTS ARE RANDOM: no --clip_path was given, so the encoder is a ViT-L/14-architecture CLIP "
+                    "with random weights (seed {seed}{layers}). It shows how the architecture carries rounding error, "
+                    "not what the real scorer does; random weights understate the real drift (trained weights have "
+                    "larger, structured activations).")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m dalle_lab.align.parity", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--head_path", required=True, help="LAION aesthetic head .pth (sac+logos+ava1-l14-linearMSE)")
+    parser.add_argument("--clip_path", help="local CLIP: transformers directory or OpenAI state-dict file; "
+                                            "omitted: a random-weight ViT-L/14 (stated in the outputs)")
+    parser.add_argument("--images", help="folder of images to score")
+    parser.add_argument("--dalle_path", help="DALLE checkpoint to sample images from (with --prompts)")
+    parser.add_argument("--prompts", help="text file, one prompt per line (with --dalle_path)")
+    parser.add_argument("--embeddings", help="folder of .npy CLIP embeddings for the head-only check")
+    parser.add_argument("--modes", nargs="+", default=["bf16", "fp16", "tpu_default"],
+                        choices=[m for m in PRECISION_MODES if m != "fp32"], help="modes compared with fp32")
+    parser.add_argument("--max_images", type=int, default=8, help="score at most this many images")
+    parser.add_argument("--batch_size", type=int, default=4)
+    parser.add_argument("--random_clip_layers", type=int, default=None,
+                        help="with no --clip_path: fewer layers than ViT-L/14's 24, for a quick look")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the random CLIP and of DALLE sampling")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    parser.add_argument("--out", default="parity_report", help="output folder: parity.json, parity.md, parity.png")
+    return parser
+
+
+def main(argv=None) -> dict:
+    args = build_parser().parse_args(argv)
+    if not (args.images or args.dalle_path or args.embeddings):
+        sys.exit("nothing to compare: give --images FOLDER, --dalle_path CKPT --prompts FILE, or --embeddings FOLDER")
+    if args.dalle_path and not args.prompts:
+        sys.exit("--dalle_path needs --prompts FILE (one prompt per line)")
+
+    import torch
+
+    from dalle_lab.align import parity
+    from dalle_lab.align.aesthetic import AestheticHead, AestheticScorer, random_clip_vision, vit_l14_vision_config
+    from dalle_lab.utils import pick_device
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    device = pick_device(args.device)
+    head = AestheticHead.from_file(args.head_path)
+    report = {"modes_compared": args.modes, "device": str(device), "head_path": str(args.head_path), "notes": []}
+    start = time.time()
+
+    if args.embeddings:
+        embeddings, names = parity.load_embedding_folder(args.embeddings)
+        report["head_only"] = parity.head_parity(head.to(device), embeddings, args.modes, names)
+        report["embeddings_path"] = str(args.embeddings)
+
+    if args.images or args.dalle_path:
+        if args.clip_path:
+            clip, clip_note = args.clip_path, f"CLIP from {args.clip_path}"
+        else:
+            overrides = {"num_hidden_layers": args.random_clip_layers} if args.random_clip_layers else {}
+            clip = random_clip_vision(vit_l14_vision_config(**overrides), seed=args.seed)
+            layers = f", {args.random_clip_layers} of its 24 layers" if args.random_clip_layers else ""
+            clip_note = RANDOM_CLIP_NOTE.format(seed=args.seed, layers=layers)
+            report["notes"].append(clip_note)
+            print(clip_note, file=sys.stderr)
+        scorer = AestheticScorer(clip, head=head, device=device)
+        report["clip"] = clip_note
+        if args.images:
+            images, names = parity.load_image_folder(args.images, args.max_images)
+            report["images_source"] = f"folder {args.images}"
+        else:
+            with open(args.prompts) as handle:
+                prompts = [line.strip() for line in handle if line.strip()][:args.max_images]
+            images, names = parity.generate_dalle_images(args.dalle_path, prompts, device=device, seed=args.seed)
+            report["images_source"] = f"sampled by {args.dalle_path} (seed {args.seed})"
+        report["encoder"] = parity.encoder_parity(scorer, images, args.modes, names, args.batch_size,
+                                                  progress=lambda line: print(line, file=sys.stderr))
+    report["seconds"] = round(time.time() - start, 1)
+    report["title"] = ("random-weight ViT-L/14 CLIP + real LAION head" if report["notes"] else
+                       report.get("clip", "LAION head on given embeddings"))
+    paths = parity.write_report(report, args.out)
+    print(parity.markdown_report(report))
+    print("wrote " + ", ".join(str(p) for p in paths.values()))
+    return report
