@@ -389,12 +389,15 @@ class ShapesDataset(Dataset):
             raise ValueError(f"ShapesDataset length must be positive, got {length}")
         if image_size < 8:
             raise ValueError(f"ShapesDataset image_size must be at least 8 pixels, got {image_size}")
+        if seed < 0:
+            raise ValueError(f"ShapesDataset seed must be a non-negative integer, got {seed}")
         self.split, self.length, self.image_size, self.seed = split, int(length), int(image_size), int(seed)
 
     def __len__(self) -> int:
         return self.length
 
     def _check_index(self, index: int) -> int:
+        index = int(index)  # numpy and torch integers too
         if index < 0:
             index += self.length
         if not 0 <= index < self.length:
