@@ -26,7 +26,9 @@ def main(argv=None) -> int:
     except (CheckpointError, NonFiniteLossError, FileNotFoundError, ValueError) as err:
         print(f"train_dalle.py: error: {err}", file=sys.stderr)
         return 1
-    if result.checkpoint_path:
+    from dalle_lab.training.distributed import env_dist_info
+
+    if result.checkpoint_path and env_dist_info().is_main:
         print(f"checkpoint: {result.checkpoint_path}")
         print(f"generate:   python generate.py --dalle_path {result.checkpoint_path} --text \"a red circle\"")
     return 0

@@ -105,6 +105,8 @@ def build_train_parser() -> argparse.ArgumentParser:
     training.add_argument("--deepspeed", action="store_true", default=defaults.deepspeed, help=HELP["deepspeed"])
     training.add_argument("--distributed_backend", choices=("deepspeed",), default=None,
                           help="deepspeed: train with DeepSpeed (DALLE-pytorch's flag)")
+    # the deepspeed launcher passes --local_rank to every process; LOCAL_RANK in the environment says the same
+    training.add_argument("--local_rank", type=int, default=None, help=argparse.SUPPRESS)
     return parser
 
 
@@ -117,6 +119,7 @@ def config_from_args(args: argparse.Namespace) -> tuple[TrainConfig, dict]:
     overrides = {name: values.pop(name) for name in model_names if name in values}
     if overrides.get("num_text_tokens") is None:
         overrides.pop("num_text_tokens", None)
+    values.pop("local_rank", None)
     backend = values.pop("distributed_backend", None)
     values["deepspeed"] = bool(values.get("deepspeed")) or backend == "deepspeed"
     captions = values.pop("sample_captions", None)
