@@ -4,9 +4,10 @@
         [--vqgan_model_path M.ckpt --vqgan_config_path M.yaml]   # adds images reconstructed by that tokenizer
 
 Targets (issue 2): clean >= 0.99, degraded >= 0.95, shuffled captions near chance (about 0.25, at most 0.35).
-The degradations imitate a lossy image tokenizer: down- and up-sampling, Gaussian blur, pixel noise and a small
-global colour shift, applied together. With a VQGAN, the "reconstructed" row is the real thing: encode to
-tokens, decode, check (a low number there means the tokenizer loses what the captions say).
+The degradations imitate a lossy image tokenizer: down- and up-sampling (2x at 32 px), Gaussian blur (0.6 px at
+32 px; both scale with the side), pixel noise (8/255) and a global colour shift (up to 10/255), applied together.
+With a VQGAN, the "reconstructed" row is the real thing: encode to tokens, decode, check (a low number there means
+the tokenizer loses what the captions say).
 """
 from __future__ import annotations
 
@@ -23,8 +24,13 @@ from dalle_lab.data.shapes import ShapesDataset, describe, render, to_tensor
 
 def degrade(image: np.ndarray, rng: np.random.Generator, factor: int = 2, blur: float = 0.6,
             noise: float = 8.0, shift: float = 10.0) -> np.ndarray:
-    """Lossy-tokenizer-like damage to an (H, W, 3) uint8 image."""
+    """Lossy-tokenizer-like damage to an (H, W, 3) uint8 image.
+
+    factor and blur are for a 32-px image and scale with the side, so every size loses the same detail.
+    """
     size = image.shape[0]
+    factor = max(2, round(factor * size / 32))
+    blur = blur * size / 32
     small = Image.fromarray(image).resize((size // factor, size // factor), Image.BILINEAR)
     out = np.asarray(small.resize((size, size), Image.BILINEAR), np.float32)
     out = gaussian_filter(out, sigma=(blur, blur, 0))

@@ -200,10 +200,11 @@ def analyse(image) -> Analysis:
     all_objects = np.zeros((size, size), bool)
     for _, _, mask in candidates:
         all_objects |= mask
+    edge_width = max(2, round(2 * size / 32))
     objects = []
     for _, index, mask in candidates:
-        # The object's neighbourhood (its soft edges), minus the other objects' pixels.
-        neighbourhood = ndimage.binary_dilation(mask, iterations=2) & ~(all_objects & ~mask)
+        # The object's neighbourhood (its soft edges, wider in larger images), minus the other objects' pixels.
+        neighbourhood = ndimage.binary_dilation(mask, iterations=edge_width) & ~(all_objects & ~mask)
         # Clip to [-0.5, 1.5] rather than [0, 1] so background noise averages out instead of adding area.
         coverage = np.where(neighbourhood, np.clip(alphas[..., index], -0.5, 1.5), 0.0)
         # Room for a template misplaced by the shape guess and for the widest blur.
