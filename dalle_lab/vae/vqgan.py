@@ -17,6 +17,32 @@ from . import taming_format
 KIND = "taming_vqgan"
 
 
+# The two functions below are the only place pixels and taming's latents meet; training validation uses them too.
+def encode_to_indices(model, images: torch.Tensor, is_gumbel: bool) -> torch.Tensor:
+    """(B, 3, H, W) images in [0, 1] -> (B, h*w) code ids, row-major, through a taming VQModel/GumbelVQ."""
+    h = model.quant_conv(model.encoder(images * 2 - 1))  # taming works in [-1, 1]
+    if is_gumbel:
+        # taming's GumbelQuantize adds Gumbel noise even in eval mode; a tokenizer must be deterministic, so
+        # take the most likely code (the noise-free argmax of the same logits).
+        indices = model.quantize.proj(h).argmax(dim=1)
+    else:
+        _, _, (_, _, indices) = model.quantize(h)
+    return indices.reshape(images.shape[0], -1).long()
+
+
+def decode_latents(model, z: torch.Tensor, fmap_size: int) -> torch.Tensor:
+    """(B, fmap_size**2, embed_dim) codebook vectors -> (B, 3, H, W) images in [0, 1]."""
+    b, _, d = z.shape
+    z = z.transpose(1, 2).reshape(b, d, fmap_size, fmap_size)
+    return ((model.decode(z) + 1) / 2).clamp(0, 1)
+
+
+def codebook_of(model) -> torch.Tensor:
+    """(n_embed, embed_dim) codebook of a taming model (VectorQuantizer2 and GumbelQuantize name it differently)."""
+    quantize = model.quantize
+    return quantize.embed.weight if hasattr(quantize, "embed") else quantize.embedding.weight
+
+
 class VQGanVAE(nn.Module):
     """A taming VQModel or GumbelVQ loaded from local `vqgan_model_path` (.ckpt) + `vqgan_config_path` (.yaml).
 
@@ -67,8 +93,7 @@ class VQGanVAE(nn.Module):
     @property
     def codebook(self) -> torch.Tensor:
         """(num_tokens, embed_dim) codebook vectors (taming names them differently per quantizer)."""
-        quantize = self.model.quantize
-        return quantize.embed.weight if self.is_gumbel else quantize.embedding.weight
+        return codebook_of(self.model)
 
     @property
     def device(self) -> torch.device:
@@ -93,24 +118,14 @@ class VQGanVAE(nn.Module):
     def get_codebook_indices(self, images: torch.Tensor) -> torch.LongTensor:
         """(B, 3, H, W) images in [0, 1] -> (B, fmap_size**2) token ids, row-major over the token grid."""
         self._check_images(images)
-        x = images.to(self.device, self.codebook.dtype) * 2 - 1
-        h = self.model.quant_conv(self.model.encoder(x))
-        if self.is_gumbel:
-            # taming's GumbelQuantize adds Gumbel noise even in eval mode; a tokenizer must be deterministic, so
-            # take the most likely code (the noise-free argmax of the same logits).
-            indices = self.model.quantize.proj(h).argmax(dim=1)
-        else:
-            _, _, (_, _, indices) = self.model.quantize(h)
-        return indices.reshape(images.shape[0], -1).long()
+        return encode_to_indices(self.model, images.to(self.device, self.codebook.dtype), self.is_gumbel)
 
     # -- tokens -> pixels -------------------------------------------------------------------------------------
     def _decode_latents(self, z: torch.Tensor) -> torch.Tensor:
         """(B, fmap_size**2, embed_dim) quantized latents -> (B, 3, H, W) images in [0, 1]."""
-        b, n, d = z.shape
-        if n != self.image_seq_len:
-            raise ValueError(f"expected {self.image_seq_len} image tokens per image, got {n}")
-        z = z.transpose(1, 2).reshape(b, d, self.fmap_size, self.fmap_size)
-        return ((self.model.decode(z) + 1) / 2).clamp(0, 1)
+        if z.shape[1] != self.image_seq_len:
+            raise ValueError(f"expected {self.image_seq_len} image tokens per image, got {z.shape[1]}")
+        return decode_latents(self.model, z, self.fmap_size)
 
     @torch.no_grad()
     def decode(self, indices: torch.Tensor) -> torch.Tensor:
