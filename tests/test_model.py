@@ -47,7 +47,7 @@ class FakeVAE(nn.Module):
 def test_output_shapes():
     model = tiny_dalle()
     text, image = batch()
-    out = model(text, image, return_loss=True)
+    out = model(text, image, return_loss=True, return_logits=True)
     T, N = TINY["text_seq_len"], TINY["image_fmap_size"] ** 2
     vocab = TINY["num_text_tokens"] + T + TINY["num_image_tokens"]
     assert out.logits.shape == (3, T + N, vocab)
@@ -55,12 +55,13 @@ def test_output_shapes():
         assert value.dim() == 0 and torch.isfinite(value)
     assert model.logits(text, image).shape == (3, N, TINY["num_image_tokens"])
     assert model(text, image).loss is None
+    assert model(text, image, return_loss=True).logits is None  # training steps skip the joint logits
 
 
 def test_loss_matches_hand_computation():
     model = tiny_dalle(loss_img_weight=3.0).eval()
     text, image = batch()
-    out = model(text, image, return_loss=True)
+    out = model(text, image, return_loss=True, return_logits=True)
     T, V_text = TINY["text_seq_len"], TINY["num_text_tokens"] + TINY["text_seq_len"]
     pad_ids = TINY["num_text_tokens"] + torch.arange(T)
     text_targets = torch.where(text == 0, pad_ids, text)

@@ -159,8 +159,13 @@ class DALLE(nn.Module):
 
     # ----- training -----------------------------------------------------------------------------------------
 
-    def forward(self, text: torch.Tensor, image: torch.Tensor, return_loss: bool = False) -> DALLEOutput:
+    def forward(self, text: torch.Tensor, image: torch.Tensor, return_loss: bool = False,
+                return_logits: bool | None = None) -> DALLEOutput:
         """text (B, text_seq_len) ids, 0 = pad; image pixels (B, 3, H, W) (needs the vae) or ids (B, image_seq_len).
+
+        Returns DALLEOutput(loss, loss_text, loss_img, logits). The joint masked logits (B, T + N, text vocab +
+        image vocab) are built when return_loss is False or return_logits is True; a training step with
+        return_loss=True skips them (logits None), since the losses come straight from the two heads.
 
         In training mode each caption is replaced by the all-pad text with probability null_cond_prob (so the
         model also learns the unconditional distribution classifier-free guidance needs); those rows are left out of
@@ -182,8 +187,10 @@ class DALLE(nn.Module):
         T = cfg.text_seq_len
         text_logits = self.to_text_logits(h[:, :T])
         image_logits = self.to_image_logits(h[:, T:])
-        logits = torch.cat([F.pad(text_logits, (0, cfg.num_image_tokens), value=float("-inf")),
-                            F.pad(image_logits, (cfg.total_text_tokens, 0), value=float("-inf"))], dim=1)
+        logits = None
+        if return_logits or (return_logits is None and not return_loss):
+            logits = torch.cat([F.pad(text_logits, (0, cfg.num_image_tokens), value=float("-inf")),
+                                F.pad(image_logits, (cfg.total_text_tokens, 0), value=float("-inf"))], dim=1)
         if not return_loss:
             return DALLEOutput(None, None, None, logits)
 
