@@ -17,6 +17,7 @@ on batches of tensors on any device and stays differentiable for reward backprop
 from __future__ import annotations
 
 import os
+import threading
 from pathlib import Path
 
 import torch
@@ -269,6 +270,10 @@ class AestheticScorer(nn.Module):
     The weights are frozen; gradients flow to the images.
     """
 
+    # precision modes change the weights' dtype and global flags for the duration of a call, so calls that switch
+    # precision are serialised (a class attribute: scorers stay deep-copyable and picklable)
+    precision_lock = threading.RLock()
+
     def __init__(self, clip_path, head_path=None, device="cpu", precision: str = "fp32", *, head=None):
         super().__init__()
         self.precision = check_mode(precision)
@@ -305,7 +310,7 @@ class AestheticScorer(nn.Module):
         """
         pixels = self.preprocess(images.to(self.head.layers[0].weight.device))
         mode = check_mode(precision or self.precision)
-        with precision_mode(self, mode) as handle:
+        with self.precision_lock, precision_mode(self, mode) as handle:
             dtype = self.vision.visual_projection.weight.dtype
             out = self.vision(pixel_values=pixels.to(dtype), output_hidden_states=output_hidden_states)
             embeds = out.image_embeds
@@ -320,7 +325,7 @@ class AestheticScorer(nn.Module):
 
     def score_embeddings(self, embeddings, precision: str | None = None):
         """Head scores of given (unit-norm) CLIP embeddings, in `precision`."""
-        with precision_mode(self.head, check_mode(precision or self.precision)) as handle:
+        with self.precision_lock, precision_mode(self.head, check_mode(precision or self.precision)) as handle:
             scores = self.head(embeddings.to(self.head.layers[0].weight.dtype))
         self.last_precision = handle
         return scores.float()

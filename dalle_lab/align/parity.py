@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 
 import numpy as np
@@ -275,6 +276,10 @@ def write_report(report: dict, out_dir) -> dict:
     atomic_write(paths["json"], lambda tmp: Path(tmp).write_text(json.dumps(safe, indent=1)))
     atomic_write(paths["markdown"], lambda tmp: Path(tmp).write_text(markdown_report(report)))
     atomic_write(paths["plot"], lambda tmp: plot_report(report, tmp))
+    umask = os.umask(0)
+    os.umask(umask)
+    for path in paths.values():  # atomic_write's temporary files are private (0600); reports are for reading
+        os.chmod(path, 0o666 & ~umask)
     return paths
 
 

@@ -16,7 +16,7 @@ import time
 from dalle_lab.align.precision import PRECISION_MODES
 
 RANDOM_CLIP_NOTE = ("CLIP WEIGHTS ARE RANDOM: no --clip_path was given, so the encoder is a ViT-L/14-architecture CLIP "
-                    "with random weights (seed {seed}{layers}). It shows how the architecture carries rounding error, "
+                    "with random weights (seed {seed}{details}). It shows how the architecture carries rounding error, "
                     "not what the real scorer does; random weights understate the real drift (trained weights have "
                     "larger, structured activations).")
 
@@ -37,6 +37,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--batch_size", type=int, default=4)
     parser.add_argument("--random_clip_layers", type=int, default=None,
                         help="with no --clip_path: fewer layers than ViT-L/14's 24, for a quick look")
+    parser.add_argument("--random_clip_init_factor", type=float, default=1.0,
+                        help="with no --clip_path: scale of the random weights (transformers' initializer_factor); "
+                             "larger gives sharper attention and larger activations, and more rounding drift")
     parser.add_argument("--seed", type=int, default=0, help="seed of the random CLIP and of DALLE sampling")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
@@ -73,10 +76,13 @@ def main(argv=None) -> dict:
         if args.clip_path:
             clip, clip_note = args.clip_path, f"CLIP from {args.clip_path}"
         else:
-            overrides = {"num_hidden_layers": args.random_clip_layers} if args.random_clip_layers else {}
+            overrides = {"initializer_factor": args.random_clip_init_factor}
+            details = "" if args.random_clip_init_factor == 1.0 else f", init factor {args.random_clip_init_factor:g}"
+            if args.random_clip_layers:
+                overrides["num_hidden_layers"] = args.random_clip_layers
+                details += f", {args.random_clip_layers} of its 24 layers"
             clip = random_clip_vision(vit_l14_vision_config(**overrides), seed=args.seed)
-            layers = f", {args.random_clip_layers} of its 24 layers" if args.random_clip_layers else ""
-            clip_note = RANDOM_CLIP_NOTE.format(seed=args.seed, layers=layers)
+            clip_note = RANDOM_CLIP_NOTE.format(seed=args.seed, details=details)
             report["notes"].append(clip_note)
             print(clip_note, file=sys.stderr)
         scorer = AestheticScorer(clip, head=head, device=device)

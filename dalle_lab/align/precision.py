@@ -302,11 +302,12 @@ def score_in_precision(reward_fn, images, prompts, precision: str, model=None):
     module = _reward_model(reward_fn, model)
     with torch.no_grad():
         if module is not None and isinstance(getattr(module, "precision", None), str):
-            saved, module.precision = module.precision, precision
-            try:
-                scores = reward_fn(images, prompts)
-            finally:
-                module.precision = saved
+            with getattr(module, "precision_lock", contextlib.nullcontext()):  # no other thread sees the switch
+                saved, module.precision = module.precision, precision
+                try:
+                    scores = reward_fn(images, prompts)
+                finally:
+                    module.precision = saved
         else:
             if module is None and precision in ("bf16", "fp16"):
                 raise ValueError(f"cannot run this reward in {precision}: it exposes no torch model to cast "
