@@ -125,3 +125,35 @@ def test_plateau_cuts_the_rate_when_the_loss_stalls_and_round_trips():
     clone = LRSchedule(1.0, warmup_steps=0, decay="plateau", plateau_patience=3, plateau_smoothing=0.0)
     clone.load_state_dict(schedule.state_dict())
     assert clone.current_lr() == 0.5 and clone.step_count == schedule.step_count
+
+
+def test_wandb_gets_separate_losses_images_and_the_same_run_on_resume(tiny_vqgan, tmp_path, monkeypatch):
+    """A stand-in `wandb` module records what the loop sends (real wandb offline works too, see docs/training.md)."""
+    import sys
+    import types
+
+    calls = {"init": [], "log": []}
+
+    class Run:
+        id = "run-123"
+
+        def log(self, data, step=None):
+            calls["log"].append((step, data))
+
+        def finish(self):
+            pass
+
+    fake = types.SimpleNamespace(init=lambda **kw: calls["init"].append(kw) or Run(),
+                                 Image=lambda array, caption=None: ("image", caption))
+    monkeypatch.setitem(sys.modules, "wandb", fake)
+    cfg = tiny_config(tiny_vqgan, tmp_path, max_steps=4, sample_every_n_steps=2, wandb_name="shapes")
+    train(cfg, TINY_MODEL, stop_at_step=2)
+    assert torch.load(tmp_path / "dalle.pt", weights_only=True)["wandb_run_id"] == "run-123"
+    train(tiny_config(tiny_vqgan, tmp_path, max_steps=4, sample_every_n_steps=2, wandb_name="shapes",
+                      resume="latest"), TINY_MODEL)
+    assert calls["init"][0]["id"] is None and calls["init"][1]["id"] == "run-123"
+    assert calls["init"][1]["resume"] == "allow"
+    metrics = [data for _, data in calls["log"] if "loss" in data]
+    assert [m for m in metrics if {"loss_text", "loss_img", "lr", "grad_norm", "tokens_per_s"} <= set(m)]
+    samples = [data["samples"] for _, data in calls["log"] if "samples" in data]
+    assert len(samples) == 2 and samples[0][0][0] == "image" and isinstance(samples[0][0][1], str)

