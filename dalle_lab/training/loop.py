@@ -100,10 +100,11 @@ def train(cfg: TrainConfig, model_overrides: dict | None = None, *, tokenizer=No
     logger = RunLogger(dist.is_main, cfg.progress, cfg.wandb_name, cfg.wandb_entity, cfg.wandb_project, wandb_run_id,
                        config={**cfg.to_dict(), "model": model_config},
                        metrics_path=Path(cfg.output_dir) / f"{cfg.dalle_output_file_name}-metrics.jsonl")
-    if resume_ckpt:
-        logger.message(f"resumed {resume_path} at step {step}")
     output_dir = Path(cfg.output_dir)
     latest_path = output_dir / f"{cfg.dalle_output_file_name}.pt"
+    logger.message(_summary(cfg, model, precision, engine, dist, micro_batch, ga_steps, latest_path))
+    if resume_ckpt:
+        logger.message(f"resumed {resume_path} at step {step}")
     sample_captions = _sample_captions(cfg)
     tokens_per_sample = model.config.text_seq_len + model.config.image_seq_len
     samples_per_step = micro_batch * ga_steps * dist.world_size
@@ -171,7 +172,8 @@ def train(cfg: TrainConfig, model_overrides: dict | None = None, *, tokenizer=No
                 saved_path = save(step)
                 last_saved = step
     except KeyboardInterrupt:
-        if step != last_saved:
+        # one process only: with several, the ranks stop at different points and a collective save could hang
+        if step != last_saved and not dist.distributed:
             logger.message(f"interrupted: saving step {step} to {latest_path} (resume with --resume)")
             save(step)
         logger.close()
@@ -187,6 +189,17 @@ def train(cfg: TrainConfig, model_overrides: dict | None = None, *, tokenizer=No
 
 
 # ------------------------------------------------------------------------------------------------ set-up helpers
+
+def _summary(cfg, model, precision, engine, dist, micro_batch, ga_steps, latest_path) -> str:
+    params = sum(p.numel() for p in model.parameters())
+    data = cfg.image_text_folder or "built-in Shapes (fresh batches)"
+    budget = ", ".join(f"{name} {value}" for name, value in (("max_steps", cfg.max_steps),
+                                                              ("max_minutes", cfg.max_minutes),
+                                                              ("epochs", cfg.epochs)) if value is not None)
+    return (f"DALLE {params / 1e6:.1f}M parameters | data: {data} | {engine.kind} on {precision.device_type}, "
+            f"{precision.dtype or 'float32'}, {dist.world_size} process(es) | batch {micro_batch} x {ga_steps} "
+            f"x {dist.world_size} | {budget} | checkpoints: {latest_path}")
+
 
 def _device(cfg: TrainConfig, dist: DistInfo):
     from dalle_lab.utils import pick_device
