@@ -214,7 +214,8 @@ class AlignTrainer:
 
     def train(self) -> list[dict]:
         cfg = self.config
-        if self.epoch == 0 and not self.history:
+        if self.epoch == 0 and not self.history:  # a fresh run: no log lines from an earlier run in this out_dir
+            (self.out_dir / "log.jsonl").unlink(missing_ok=True)
             self.save_grid(self.out_dir / "samples_before.png")
         while self.epoch < cfg.epochs and not self.out_of_time():
             start = time.perf_counter()
