@@ -35,14 +35,18 @@ def run(script, *args, env=None):
                           env=environment, cwd=ROOT, timeout=300)
 
 
-def generate_main(*args):
-    """generate.py's main() in this process (the error paths need no fresh interpreter)."""
+def script_main(script, *args):
+    """A command line's main(argv) in this process (saves a fresh interpreter's imports; exit code returned)."""
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("generate_script", ROOT / "generate.py")
+    spec = importlib.util.spec_from_file_location(script.replace(".py", "_script"), ROOT / script)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module.main([str(a) for a in args])
+
+
+def generate_main(*args):
+    return script_main("generate.py", *args)
 
 
 def test_flag_defaults_are_the_config_defaults():
@@ -68,12 +72,13 @@ def test_dalle_pytorch_style_flags():
 
 def test_train_then_generate_end_to_end(tiny_vqgan, tmp_path, capsys):
     out = tmp_path / "run"
-    trained = run("train_dalle.py", *vqgan_flags(tiny_vqgan), *TINY_FLAGS, "--max_steps", "2", "--batch_size", "2",
-                  "--output_dir", out, "--sample_every_n_steps", "2")
-    assert trained.returncode == 0, trained.stderr
+    assert script_main("train_dalle.py", *vqgan_flags(tiny_vqgan), *TINY_FLAGS, "--max_steps", "2", "--batch_size",
+                       "2", "--output_dir", out, "--sample_every_n_steps", "2") == 0
     checkpoint = out / "dalle.pt"
-    assert f"checkpoint: {checkpoint}" in trained.stdout
+    assert f"checkpoint: {checkpoint}" in capsys.readouterr().out
     assert (out / "samples" / "step00000002.png").is_file()
+
+    # generate.py as a real process: the script itself, run from the command line
 
     images = tmp_path / "images"
     generated = run("generate.py", "--dalle_path", checkpoint, "--text", "a red circle|a blue square",
