@@ -49,7 +49,6 @@ def train(cfg: TrainConfig, model_overrides: dict | None = None, *, tokenizer=No
     """
     dist = env_dist_info()
     device = _device(cfg, dist)
-    start_time = time.monotonic()
 
     resume_path, resume_ckpt = _resume_checkpoint(cfg)
     init_ckpt = resume_ckpt or (ckpt_io.read_checkpoint(cfg.dalle_path) if cfg.dalle_path else None)
@@ -143,7 +142,7 @@ def train(cfg: TrainConfig, model_overrides: dict | None = None, *, tokenizer=No
                         raise NonFiniteLossError(
                             f"the loss was not finite {consecutive_nonfinite} times in a row, last at step {step + 1} "
                             f"(micro-batch {done + 1} of {ga_steps}); training is diverging. Try --stable (CogView's "
-                            f"PB-relax and sandwich norm; with --sandwich_norm), a lower --learning_rate (now "
+                            f"PB-relax, optionally with --sandwich_norm), a lower --learning_rate (now "
                             f"{cfg.learning_rate:g}), more --warmup_steps, or a smaller --clip_grad_norm")
                     logger.message(f"step {step + 1}: non-finite loss, micro-batch skipped "
                                    f"({consecutive_nonfinite} in a row, {nonfinite_total} in all)")
