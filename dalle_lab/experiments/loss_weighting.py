@@ -1,0 +1,371 @@
+"""The CogView loss-weighting study: does weighting the text loss like the image loss (loss_img_weight 1, CogView)
+instead of 7 (DALL-E) change what a text-to-image transformer learns, and does a longer text context matter?
+
+    python -m dalle_lab.experiments.loss_weighting            # 2 weights x 2 text_seq_len x 3 seeds = 12 runs
+
+Every run trains the same model on the built-in Shapes data through the library's training loop
+(dalle_lab.training.loop.train) at equal compute: the same optimizer steps, batch size and learning-rate schedule,
+and, for a given seed, the identical stream of training samples and the same initial weights wherever the shapes
+agree. Then it measures held-out losses (text and image parts) and the Shapes checker's scores of images generated for
+validation captions and held-out compositions. The report (markdown table, plots, JSON) aggregates the seeds with
+t-based 95 % confidence intervals and Welch t-tests (see docs/experiments.md).
+
+Resumable: each finished run leaves <runs_dir>/<setting>/seed<k>/result.json and is not redone; an interrupted run
+continues from its last checkpoint. The report is rewritten after every finished run (labelled partial until all
+runs are done), so a study stopped early still leaves a readable report of what it finished.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+
+from .shapes_eval import EvalSettings
+
+RESULT_FILE = "result.json"
+SAMPLES_FILE = "samples.npz"  # a few generated images per split (uint8), for the report's sample figure
+SAMPLES_KEPT = 8
+
+
+@dataclass(frozen=True)
+class Setting:
+    loss_img_weight: float
+    text_seq_len: int
+
+    @property
+    def name(self) -> str:  # a directory name
+        return f"w{self.loss_img_weight:g}_T{self.text_seq_len}"
+
+    @property
+    def label(self) -> str:  # for tables and plots
+        return f"w={self.loss_img_weight:g}, T={self.text_seq_len}"
+
+
+@dataclass
+class StudyConfig:
+    """Every setting of the study. Defaults: the small CPU study (about an hour on 2 free cores, 2 runs at a time)."""
+
+    # the grid
+    loss_img_weights: tuple[float, ...] = (1.0, 7.0)
+    text_seq_lens: tuple[int, ...] = (16, 64)  # Shapes captions are at most 12 tokens with the shipped vocab
+    seeds: int = 3  # seeds 0 .. seeds-1; a seed fixes the initial weights and the training sample stream
+    # the model (DALLEConfig fields; the rest keep DALLEConfig's defaults)
+    dim: int = 128
+    depth: int = 3
+    heads: int = 4
+    dim_head: int = 32
+    # training (TrainConfig fields)
+    steps: int = 600
+    batch_size: int = 32
+    learning_rate: float = 1e-3
+    warmup_steps: int = 50
+    amp: bool = False
+    device: str = "auto"
+    log_every_n_steps: int = 5  # loss-curve resolution
+    save_every_n_steps: int = 100  # checkpoint interval: how much a killed run loses
+    # evaluation
+    eval: EvalSettings = field(default_factory=EvalSettings)
+    # files
+    out_dir: str = "reports/loss_weighting"
+    runs_dir: str = "runs/loss_weighting"
+    vqgan_model_path: str | None = None  # None (with no config path): the default Shapes image tokenizer
+    vqgan_config_path: str | None = None
+    bpe_path: str | None = None  # None: the shipped vocabulary
+    # execution
+    workers: int = 2  # runs trained at the same time (separate processes)
+    threads: int = 1  # torch threads per run
+    progress: bool = True
+
+    def settings(self) -> list[Setting]:
+        return [Setting(float(w), int(t)) for t in self.text_seq_lens for w in self.loss_img_weights]
+
+    def tasks(self) -> list[tuple[Setting, int]]:
+        """Every (setting, seed), seed-major: a study stopped early has the same seeds for every setting."""
+        return [(setting, seed) for seed in range(self.seeds) for setting in self.settings()]
+
+    def model_overrides(self, setting: Setting) -> dict:
+        return dict(dim=self.dim, depth=self.depth, heads=self.heads, dim_head=self.dim_head,
+                    text_seq_len=setting.text_seq_len, loss_img_weight=setting.loss_img_weight)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def check(self) -> None:
+        if self.seeds < 1:
+            raise ValueError(f"--seeds must be at least 1, got {self.seeds} (use 3 or more for confidence intervals)")
+        if not self.loss_img_weights or not self.text_seq_lens:
+            raise ValueError("give at least one --loss_img_weights value and one --text_seq_lens value")
+        if self.steps < 1 or self.batch_size < 1 or self.workers < 1 or self.threads < 1:
+            raise ValueError("--steps, --batch_size, --workers and --threads must be positive")
+        if (self.vqgan_model_path is None) != (self.vqgan_config_path is None):
+            raise ValueError("give both --vqgan_model_path (.ckpt) and --vqgan_config_path (.yaml), or neither for "
+                             "the default Shapes image tokenizer")
+
+
+# ------------------------------------------------------------------------------------------------ one run
+
+def run_dir(config: StudyConfig, setting: Setting, seed: int) -> Path:
+    return Path(config.runs_dir) / setting.name / f"seed{seed}"
+
+
+def run_identity(config: StudyConfig, setting: Setting, seed: int, vae_identity: dict, tokenizer_identity: dict) -> dict:
+    """Everything that decides a run's numbers: a cached result is reused only when this matches exactly."""
+    return {"setting": asdict(setting), "seed": seed, "model": config.model_overrides(setting),
+            "train": {k: getattr(config, k) for k in ("steps", "batch_size", "learning_rate", "warmup_steps", "amp")},
+            "eval": config.eval.to_dict(), "vae_sha256": vae_identity.get("sha256"),
+            "tokenizer_sha256": tokenizer_identity.get("sha256")}
+
+
+def load_cached(path: Path, identity: dict) -> dict | None:
+    """The finished result at `path` if it was made with `identity`; None if there is none; an error if it differs
+    (a study's directory must not silently mix runs of different settings)."""
+    if not path.is_file():
+        return None
+    result = json.loads(path.read_text())
+    if _normalise(result.get("identity")) != _normalise(identity):
+        raise ValueError(f"{path} holds a run made with other settings ({result.get('identity')}) than this study's "
+                         f"({identity}); pass another --runs_dir (and --out_dir), or delete {path.parent} to redo it")
+    return result
+
+
+def _normalise(value):
+    return json.loads(json.dumps(value))  # tuples -> lists, as they come back from JSON
+
+
+def read_curves(metrics_path: Path) -> dict:
+    """Loss curves from the training loop's metrics file. A resumed run re-logs the steps after its last
+    checkpoint; the later record of a step wins."""
+    by_step: dict[int, dict] = {}
+    if metrics_path.is_file():
+        for line in metrics_path.read_text().splitlines():
+            if line.strip():
+                record = json.loads(line)
+                by_step[int(record["step"])] = record
+    steps = sorted(by_step)
+    return {"step": steps, **{k: [by_step[s][k] for s in steps] for k in ("loss", "loss_text", "loss_img")}}
+
+
+def final_train_losses(curves: dict, fraction: float = 0.1) -> dict:
+    """Training losses averaged over the last `fraction` of the logged steps (one batch's loss is noisy)."""
+    count = max(1, math.ceil(len(curves["step"]) * fraction))
+    return {k: sum(curves[k][-count:]) / count for k in ("loss", "loss_text", "loss_img")} | {
+        "from_step": curves["step"][-count] if curves["step"] else None}
+
+
+def run_one(config: StudyConfig, setting: Setting, seed: int, vae_paths: tuple[str, str]) -> dict:
+    """Train and evaluate one (setting, seed), or return its cached result. Runs in a worker process."""
+    import numpy as np
+    import torch
+
+    from dalle_lab.tokenizers import get_tokenizer
+    from dalle_lab.training.checkpoint import build_model, load_model_state, read_checkpoint
+    from dalle_lab.training.config import TrainConfig
+    from dalle_lab.training.loop import train
+    from dalle_lab.utils import atomic_write, pick_device
+    from dalle_lab.vae import VQGanVAE
+    from dalle_lab.viz.grid import to_uint8
+
+    from .shapes_eval import evaluate_model
+
+    torch.set_num_threads(config.threads)
+    directory = run_dir(config, setting, seed)
+    tokenizer = get_tokenizer(config.bpe_path)
+    vae = VQGanVAE(*vae_paths)
+    identity = run_identity(config, setting, seed, vae.identity, tokenizer.identity)
+    cached = load_cached(directory / RESULT_FILE, identity)
+    if cached is not None:
+        cached["cached"] = True
+        return cached
+
+    latest = directory / "dalle.pt"
+    train_config = TrainConfig(
+        vqgan_model_path=vae_paths[0], vqgan_config_path=vae_paths[1], bpe_path=config.bpe_path,
+        max_steps=config.steps, batch_size=config.batch_size, learning_rate=config.learning_rate,
+        warmup_steps=config.warmup_steps, amp=config.amp, device=config.device, seed=seed,
+        output_dir=str(directory), save_every_n_steps=config.save_every_n_steps, keep_n_checkpoints=1,
+        sample_every_n_steps=0, log_every_n_steps=config.log_every_n_steps, progress=False,
+        resume="latest" if latest.is_file() else None)
+    started = time.monotonic()
+    trained = train(train_config, config.model_overrides(setting), tokenizer=tokenizer, vae=vae)
+    train_seconds = time.monotonic() - started
+
+    checkpoint = read_checkpoint(trained.checkpoint_path)
+    model = build_model(checkpoint["config"], vae=vae)
+    load_model_state(model, checkpoint["model"], trained.checkpoint_path)
+    model.to(pick_device(config.device)).eval()  # .to() moves the vae with it
+    started = time.monotonic()
+    numbers, images = evaluate_model(model, vae, tokenizer, config.eval)
+    eval_seconds = time.monotonic() - started
+
+    curves = read_curves(directory / "dalle-metrics.jsonl")
+    result = {
+        "identity": identity, "setting": setting.name, "label": setting.label, "seed": seed,
+        "train": {"steps": trained.step, "seconds_this_session": train_seconds,
+                  "resumed": train_config.resume is not None, "nonfinite_skipped": trained.nonfinite_skipped,
+                  "samples_seen": trained.step * config.batch_size,
+                  "tokens_per_sample": setting.text_seq_len + model.config.image_seq_len,
+                  "final": final_train_losses(curves)},
+        "eval": numbers, "eval_seconds": eval_seconds, "curves": curves,
+    }
+    kept = {split: to_uint8(batch[:SAMPLES_KEPT]) for split, batch in images.items() if batch is not None}
+    np.savez_compressed(directory / SAMPLES_FILE, **kept)
+    atomic_write(directory / RESULT_FILE, lambda tmp: Path(tmp).write_text(json.dumps(result, indent=1)))
+    result["cached"] = False
+    return result
+
+
+def _run_one_safely(config, setting, seed, vae_paths):
+    """Worker entry: a failed run is reported, not fatal to the others."""
+    try:
+        return run_one(config, setting, seed, vae_paths), None
+    except Exception as error:  # noqa: BLE001 (reported with its type; the study goes on)
+        import traceback
+
+        return None, f"{type(error).__name__}: {error}\n{traceback.format_exc()}"
+
+
+# ------------------------------------------------------------------------------------------------ the study
+
+def resolve_vae_paths(config: StudyConfig) -> tuple[str, str]:
+    """The image tokenizer's (ckpt, yaml), resolved once in the parent so workers never train one concurrently."""
+    if config.vqgan_model_path:
+        return str(config.vqgan_model_path), str(config.vqgan_config_path)
+    from dalle_lab.vae import default_vae
+
+    identity = default_vae().identity
+    return str(identity["model_path"]), str(identity["config_path"])
+
+
+def collect_cached(config: StudyConfig) -> list[dict]:
+    """Finished results already in runs_dir (for --report_only), without checking their identity."""
+    results = []
+    for setting, seed in config.tasks():
+        path = run_dir(config, setting, seed) / RESULT_FILE
+        if path.is_file():
+            results.append(json.loads(path.read_text()))
+    return results
+
+
+def run_study(config: StudyConfig, log=print) -> dict:
+    """Run every (setting, seed) not yet cached, `config.workers` at a time; rewrite the report after each run.
+    Returns {"results": [...], "failures": [...], "report": path}."""
+    from .loss_weighting_report import write_report
+
+    config.check()
+    vae_paths = resolve_vae_paths(config)
+    tasks = config.tasks()
+    results, failures = [], []
+    started = time.monotonic()
+
+    def finished(task, outcome):
+        (setting, seed), (result, error) = task, outcome
+        done = len(results) + len(failures) + 1
+        if error is not None:
+            failures.append({"setting": setting.name, "seed": seed, "error": error})
+            log(f"[{done}/{len(tasks)}] {setting.label} seed {seed} FAILED: {error.splitlines()[0]}")
+            return
+        results.append(result)
+        ev = result["eval"]
+        log(f"[{done}/{len(tasks)}] {setting.label} seed {seed}{' (cached)' if result.get('cached') else ''}: "
+            f"val accuracy {ev['val'].get('accuracy', math.nan):.3f}, heldout accuracy "
+            f"{ev['heldout'].get('accuracy', math.nan):.3f}, val loss_img {ev['val']['loss_img']:.3f} "
+            f"[{(time.monotonic() - started) / 60:.1f} min]")
+        write_report(config, results, len(tasks), failures)
+
+    if config.workers == 1:
+        for task in tasks:
+            finished(task, _run_one_safely(config, *task, vae_paths))
+    else:
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor, as_completed
+
+        # spawn: a fresh interpreter per worker (no forked torch thread pools), threads set per run
+        with ProcessPoolExecutor(config.workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+            futures = {pool.submit(_run_one_safely, config, *task, vae_paths): task for task in tasks}
+            for future in as_completed(futures):
+                finished(futures[future], future.result())
+    report = write_report(config, results, len(tasks), failures)
+    return {"results": results, "failures": failures, "report": report}
+
+
+# ------------------------------------------------------------------------------------------------ command line
+
+def build_parser() -> argparse.ArgumentParser:
+    d = StudyConfig()
+    e = EvalSettings()
+    p = argparse.ArgumentParser(prog="python -m dalle_lab.experiments.loss_weighting",
+                                description="Train the same Shapes model with loss_img_weight x text_seq_len at "
+                                            "equal compute over several seeds; write a report with CIs and plots.")
+    grid = p.add_argument_group("grid")
+    grid.add_argument("--loss_img_weights", type=float, nargs="+", default=list(d.loss_img_weights))
+    grid.add_argument("--text_seq_lens", type=int, nargs="+", default=list(d.text_seq_lens))
+    grid.add_argument("--seeds", type=int, default=d.seeds, help="seeds per setting (0 .. N-1)")
+    model = p.add_argument_group("model")
+    for name in ("dim", "depth", "heads", "dim_head"):
+        model.add_argument(f"--{name}", type=int, default=getattr(d, name))
+    train = p.add_argument_group("training (the same for every run)")
+    train.add_argument("--steps", type=int, default=d.steps, help="optimizer steps per run")
+    train.add_argument("--batch_size", type=int, default=d.batch_size)
+    train.add_argument("--learning_rate", type=float, default=d.learning_rate)
+    train.add_argument("--warmup_steps", type=int, default=d.warmup_steps)
+    train.add_argument("--amp", action=argparse.BooleanOptionalAction, default=d.amp,
+                       help="mixed precision (bf16 on CPU; bf16 or fp16 on CUDA)")
+    train.add_argument("--device", default=d.device, help="auto|cpu|cuda")
+    evaluation = p.add_argument_group("evaluation")
+    evaluation.add_argument("--n_val", type=int, default=e.n_val, help="validation captions generated per run")
+    evaluation.add_argument("--n_heldout", type=int, default=e.n_heldout,
+                            help="held-out composition captions generated per run")
+    evaluation.add_argument("--n_loss", type=int, default=e.n_loss, help="samples per split for held-out losses")
+    files = p.add_argument_group("files")
+    files.add_argument("--out_dir", default=d.out_dir, help="the report: README.md, results.json, PNG plots")
+    files.add_argument("--runs_dir", default=d.runs_dir, help="checkpoints, metrics and cached results per run")
+    files.add_argument("--vqgan_model_path", default=None, help="default: the default Shapes image tokenizer")
+    files.add_argument("--vqgan_config_path", default=None)
+    files.add_argument("--bpe_path", default=None, help="default: the shipped vocabulary")
+    run = p.add_argument_group("execution")
+    run.add_argument("--workers", type=int, default=d.workers, help="runs trained at the same time")
+    run.add_argument("--threads", type=int, default=d.threads, help="torch threads per run")
+    run.add_argument("--report_only", action="store_true",
+                     help="do not train: rebuild the report from the finished runs in --runs_dir")
+    return p
+
+
+def config_from_args(args: argparse.Namespace) -> StudyConfig:
+    names = {f.name for f in fields(StudyConfig)}
+    values = {k: v for k, v in vars(args).items() if k in names}
+    values["loss_img_weights"] = tuple(args.loss_img_weights)
+    values["text_seq_lens"] = tuple(args.text_seq_lens)
+    values["eval"] = EvalSettings(n_val=args.n_val, n_heldout=args.n_heldout, n_loss=args.n_loss)
+    return StudyConfig(**values)
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    config = config_from_args(args)
+    try:
+        config.check()
+    except ValueError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    if args.report_only:
+        from .loss_weighting_report import write_report
+
+        results = collect_cached(config)
+        print(f"report of {len(results)} finished runs: {write_report(config, results, len(config.tasks()), [])}")
+        return 0
+    print(f"{len(config.tasks())} runs ({len(config.settings())} settings x {config.seeds} seeds), "
+          f"{config.workers} at a time; report: {config.out_dir}/README.md", flush=True)
+    outcome = run_study(config, log=lambda line: print(line, flush=True))
+    print(f"report: {outcome['report']}")
+    if outcome["failures"]:
+        print(f"{len(outcome['failures'])} runs failed; their errors are in the report", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,449 @@
+"""The loss-weighting study's report: per-setting means with t-based 95 % CIs across seeds, Welch t-tests between
+settings, plots, and one JSON with every number. Written from the runs' results alone, so it can be rebuilt at any
+time (`--report_only`) and is rewritten after each finished run.
+"""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+from .stats import holm_adjust, mean_ci, welch_test
+
+# (key, label, where in a run's result): the numbers aggregated per setting
+METRICS = [
+    ("train_loss_text", "train loss_text", ("train", "final", "loss_text")),
+    ("train_loss_img", "train loss_img", ("train", "final", "loss_img")),
+    ("train_loss", "train total", ("train", "final", "loss")),
+    ("val_loss_text", "val loss_text (all positions)", ("eval", "val", "loss_text")),
+    ("val_loss_text_caption", "val loss_text (caption tokens)", ("eval", "val", "loss_text_caption")),
+    ("val_loss_img", "val loss_img", ("eval", "val", "loss_img")),
+    ("heldout_loss_text_caption", "held-out loss_text (caption tokens)", ("eval", "heldout", "loss_text_caption")),
+    ("heldout_loss_img", "held-out loss_img", ("eval", "heldout", "loss_img")),
+    ("val_accuracy", "val attribute accuracy", ("eval", "val", "accuracy")),
+    ("val_exact_match", "val exact match", ("eval", "val", "exact_match")),
+    ("heldout_accuracy", "held-out attribute accuracy", ("eval", "heldout", "accuracy")),
+    ("heldout_exact_match", "held-out exact match", ("eval", "heldout", "exact_match")),
+]
+LABELS = {key: label for key, label, _ in METRICS}
+# compared between settings (the total loss is not: its formula changes with the weight)
+COMPARED = ["val_accuracy", "heldout_accuracy", "val_exact_match", "heldout_exact_match", "val_loss_img",
+            "val_loss_text_caption"]
+HIGHER_IS_BETTER = {"val_accuracy", "heldout_accuracy", "val_exact_match", "heldout_exact_match"}
+ALPHA = 0.05
+
+
+def _get(result: dict, path: tuple[str, ...]):
+    value = result
+    for key in path:
+        if not isinstance(value, dict) or key not in value:
+            return None
+        value = value[key]
+    return value
+
+
+def _values(results: list[dict], setting: str, path) -> list[float]:
+    values = [_get(r, path) for r in results if r["setting"] == setting]
+    return [float(v) for v in values if v is not None and math.isfinite(float(v))]
+
+
+def summarise(settings, results: list[dict]) -> dict:
+    """{setting name: {metric: Interval dict, "seeds": [...]}} for the settings that have results."""
+    summary = {}
+    for setting in settings:
+        mine = [r for r in results if r["setting"] == setting.name]
+        if not mine:
+            continue
+        entry = {"label": setting.label, "seeds": sorted(r["seed"] for r in mine)}
+        for key, _, path in METRICS:
+            values = _values(results, setting.name, path)
+            if values:
+                entry[key] = mean_ci(values).to_dict() | {"values": values}
+        summary[setting.name] = entry
+    return summary
+
+
+def comparisons(config, results: list[dict]) -> list[dict]:
+    """Welch t-tests of each factor at each level of the other: weight vs weight at a fixed text_seq_len, and
+    text_seq_len vs text_seq_len at a fixed weight, for the COMPARED metrics. Holm-adjusted over the whole family."""
+    from .loss_weighting import Setting
+
+    pairs = []
+    weights, lengths = list(config.loss_img_weights), list(config.text_seq_lens)
+    for t in lengths:
+        for i, wa in enumerate(weights):
+            for wb in weights[i + 1:]:
+                pairs.append(("loss_img_weight", Setting(float(wa), int(t)), Setting(float(wb), int(t))))
+    for w in weights:
+        for i, ta in enumerate(lengths):
+            for tb in lengths[i + 1:]:
+                pairs.append(("text_seq_len", Setting(float(w), int(tb)), Setting(float(w), int(ta))))
+    rows = []
+    paths = {key: path for key, _, path in METRICS}
+    for factor, a, b in pairs:
+        for metric in COMPARED:
+            va, vb = _values(results, a.name, paths[metric]), _values(results, b.name, paths[metric])
+            if not va or not vb:
+                continue
+            test = welch_test(va, vb)
+            rows.append({"factor": factor, "a": a.label, "b": b.label, "metric": metric, "mean_a": sum(va) / len(va),
+                         "mean_b": sum(vb) / len(vb), **test.to_dict()})
+    for row, adjusted in zip(rows, holm_adjust([r["p_value"] for r in rows])):
+        row["p_holm"] = adjusted
+    return rows
+
+
+# ------------------------------------------------------------------------------------------------ markdown
+
+def _cell(entry: dict, key: str, digits: int = 3) -> str:
+    if key not in entry:
+        return "n/a"
+    interval = entry[key]
+    if interval["n"] < 2 or not math.isfinite(interval["half_width"]):
+        return f"{interval['mean']:.{digits}f}"
+    return f"{interval['mean']:.{digits}f} ± {interval['half_width']:.{digits}f}"
+
+
+def _table(settings, summary: dict, keys: list[str]) -> list[str]:
+    lines = ["| setting | seeds | " + " | ".join(LABELS[k] for k in keys) + " |",
+             "|---|---|" + "---|" * len(keys)]
+    for setting in settings:
+        entry = summary.get(setting.name)
+        if entry is None:
+            lines.append(f"| {setting.label} | 0 | " + " | ".join("not run" for _ in keys) + " |")
+            continue
+        lines.append(f"| {setting.label} | {len(entry['seeds'])} | "
+                     + " | ".join(_cell(entry, k) for k in keys) + " |")
+    return lines
+
+
+def _p(value: float) -> str:
+    if not math.isfinite(value):
+        return "n/a"
+    return "< 0.001" if value < 0.001 else f"{value:.3f}"
+
+
+def finding_lines(rows: list[dict]) -> list[str]:
+    """One sentence per comparison, saying plainly whether the seeds show a difference."""
+    lines = []
+    for row in rows:
+        if not math.isfinite(row["p_value"]):
+            lines.append(f"- {LABELS[row['metric']]}, {row['a']} vs {row['b']}: too few seeds to test.")
+            continue
+        if row["p_holm"] < ALPHA:
+            verdict = "significant, also after Holm's correction"
+        elif row["p_value"] < ALPHA:
+            verdict = "nominally significant (p < 0.05) but not after Holm's correction for the number of tests"
+        else:
+            verdict = "no significant difference"
+        better = ""
+        if row["p_value"] < ALPHA:
+            higher = row["a"] if row["difference"] > 0 else row["b"]
+            good = (row["metric"] in HIGHER_IS_BETTER) == (row["difference"] > 0)
+            better = f"; {higher} is higher ({'better' if good else 'worse'} for {row['a']})"
+        lines.append(f"- {LABELS[row['metric']]}: {row['a']} {row['mean_a']:.3f} vs {row['b']} {row['mean_b']:.3f}, "
+                     f"difference {row['difference']:+.3f} (95 % CI {row['difference'] - row['half_width']:+.3f} to "
+                     f"{row['difference'] + row['half_width']:+.3f}), Welch p = {_p(row['p_value'])}: "
+                     f"{verdict}{better}.")
+    return lines
+
+
+def markdown(config, summary: dict, rows: list[dict], results: list[dict], expected: int, failures: list[dict],
+             plots: dict) -> str:
+    settings = config.settings()
+    done = len(results)
+    complete = done == expected and not failures
+    e = config.eval
+    mean_train_s = {}
+    for setting in settings:
+        seconds = [r["train"]["seconds_this_session"] for r in results
+                   if r["setting"] == setting.name and not r["train"].get("resumed")]
+        if seconds:
+            mean_train_s[setting.label] = sum(seconds) / len(seconds)
+    out = ["# The CogView loss-weighting study", ""]
+    if not complete:
+        out += [f"**PARTIAL REPORT: {done} of {expected} runs finished"
+                + (f", {len(failures)} failed" if failures else "")
+                + ". Numbers below cover only the finished runs.**", ""]
+    out += [
+        "Does weighting the text loss like the image loss (`loss_img_weight` 1, as CogView) rather than 7 (DALL-E) "
+        "change what a small text-to-image transformer learns on the built-in Shapes data, and does a longer text "
+        "context (`text_seq_len`) matter? Each setting was trained with the same model, steps, batch, schedule and, "
+        "per seed, the identical stream of training samples (equal compute; the longer text context additionally "
+        "processes pad positions, which costs time but carries no information).",
+        "",
+        "## Set-up",
+        "",
+        f"- Model: dim {config.dim}, depth {config.depth}, heads {config.heads}, dim_head {config.dim_head}; "
+        f"{config.steps} steps of batch {config.batch_size} ({config.steps * config.batch_size} samples), "
+        f"learning rate {config.learning_rate:g} with {config.warmup_steps} warm-up steps then cosine decay, "
+        f"amp {'on' if config.amp else 'off'}, device {config.device}.",
+        f"- Grid: loss_img_weight {', '.join(f'{w:g}' for w in config.loss_img_weights)} x text_seq_len "
+        f"{', '.join(str(t) for t in config.text_seq_lens)}, seeds 0..{config.seeds - 1} "
+        f"(a seed fixes the initial weights and the training sample stream, the same for every setting).",
+        f"- Evaluation per run: losses in eval mode on {e.n_loss} validation and {e.n_loss} held-out-composition "
+        f"samples; one image generated (top_k {e.top_k}, temperature {e.temperature:g}) for each of {e.n_val} "
+        f"validation captions and {e.n_heldout} held-out-composition captions, scored by the Shapes checker "
+        "(attribute accuracy: share of the caption's attributes the image satisfies; exact match: all of them).",
+        "- Cells are mean ± the t-based 95 % confidence interval half-width across seeds "
+        "(mean ± t(0.975, n-1) · s / √n).",
+        "",
+        "How to read the losses: **train** numbers average the last 10 % of logged training steps. `loss_text` "
+        "**(all positions)** is what training optimises; it averages over every text position, and every position "
+        "after the caption's end is a pad that is trivially predictable, so a longer text_seq_len lowers it without "
+        "the model knowing more. **(caption tokens)** averages only over the caption's tokens and the position "
+        "where it ends: use it to compare text_seq_len. The total loss is (text + w · image) / (w + 1), so totals "
+        "with different weights are different formulas and are not compared.",
+        "",
+        "## Results",
+        "",
+        "### Losses",
+        "",
+        *_table(settings, summary, ["train_loss_text", "train_loss_img", "train_loss", "val_loss_text",
+                                    "val_loss_text_caption", "val_loss_img"]),
+        "",
+        "### The Shapes checker on generated images",
+        "",
+        *_table(settings, summary, ["val_accuracy", "val_exact_match", "heldout_accuracy", "heldout_exact_match",
+                                    "heldout_loss_img"]),
+        "",
+    ]
+    if plots.get("accuracy"):
+        out += [f"![attribute accuracy and exact match per setting]({plots['accuracy']})", ""]
+    if plots.get("curves"):
+        out += [f"![training text and image loss per setting]({plots['curves']})", ""]
+    if plots.get("samples"):
+        out += [f"![generated samples for held-out compositions, seed 0]({plots['samples']})", "",
+                "Samples (seed 0 of each setting) for the held-out captions: "
+                + "; ".join(f"{i + 1}. {c}" for i, c in enumerate(plots.get("sample_captions", []))), ""]
+    out += ["## What the data shows", ""]
+    if rows:
+        significant = [r for r in rows if r["p_value"] < ALPHA]
+        robust = [r for r in rows if r["p_holm"] < ALPHA]
+        n_seeds = sorted({len(summary[s]['seeds']) for s in summary})
+        out += [f"{len(rows)} Welch t-tests (two-sided, {'/'.join(map(str, n_seeds))} seeds per setting): "
+                f"{len(significant)} with p < 0.05, {len(robust)} of them still below 0.05 after Holm's "
+                "correction for testing this many. With so few seeds only large, consistent effects can show; "
+                "\"no significant difference\" means this study cannot tell the settings apart, not that they are "
+                "equal.", ""]
+        for factor, title in (("loss_img_weight", "Text vs image weighting (same text_seq_len)"),
+                              ("text_seq_len", "Short vs long text context (same weighting)")):
+            mine = [r for r in rows if r["factor"] == factor]
+            if mine:
+                out += [f"**{title}:**", "", *finding_lines(mine), ""]
+    else:
+        out += ["Not enough finished runs to compare settings yet.", ""]
+    if mean_train_s:
+        out += ["## Cost", "",
+                "Mean training time per run (this machine, runs that were not resumed; shared CPUs inflate these): "
+                + ", ".join(f"{label} {s / 60:.1f} min" for label, s in mean_train_s.items()) + ".", ""]
+    if failures:
+        out += ["## Failed runs", ""] + [f"- {f['setting']} seed {f['seed']}: {f['error'].splitlines()[0]}"
+                                         for f in failures] + [""]
+    out += ["## Reproduce", "", "```", "python -m dalle_lab.experiments.loss_weighting " + command_flags(config), "```",
+            "", "All numbers, per run and aggregated, with the loss curves: `results.json`. See docs/experiments.md.", ""]
+    return "\n".join(out)
+
+
+def command_flags(config) -> str:
+    """The flags that reproduce this study (the ones that differ from the defaults)."""
+    from .loss_weighting import StudyConfig
+
+    default = StudyConfig()
+    flags = []
+    for name in ("steps", "batch_size", "learning_rate", "warmup_steps", "dim", "depth", "heads", "dim_head", "seeds",
+                 "device", "out_dir", "runs_dir"):
+        if getattr(config, name) != getattr(default, name):
+            flags.append(f"--{name} {getattr(config, name)}")
+    if config.amp:
+        flags.append("--amp")
+    for name in ("loss_img_weights", "text_seq_lens"):
+        if tuple(getattr(config, name)) != tuple(getattr(default, name)):
+            flags.append(f"--{name} " + " ".join(f"{v:g}" for v in getattr(config, name)))
+    for name in ("n_val", "n_heldout", "n_loss"):
+        if getattr(config.eval, name) != getattr(default.eval, name):
+            flags.append(f"--{name} {getattr(config.eval, name)}")
+    return " ".join(flags)
+
+
+# ------------------------------------------------------------------------------------------------ plots
+
+def _smooth(values: list[float], window: int) -> list[float]:
+    out, total = [], 0.0
+    for i, v in enumerate(values):
+        total += v
+        if i >= window:
+            total -= values[i - window]
+        out.append(total / min(i + 1, window))
+    return out
+
+
+def plot_curves(settings, results: list[dict], path: Path) -> Path | None:
+    """Training loss_text and loss_img against steps: per setting the mean over seeds (moving average) and the
+    seeds' range."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(9, 3.4), dpi=90)
+    drawn = False
+    for index, setting in enumerate(settings):
+        runs = [r for r in results if r["setting"] == setting.name and r["curves"]["step"]]
+        if not runs:
+            continue
+        length = min(len(r["curves"]["step"]) for r in runs)
+        steps = runs[0]["curves"]["step"][:length]
+        window = max(1, length // 20)
+        colour = f"C{index}"
+        for ax, key in zip(axes, ("loss_text", "loss_img")):
+            curves = [_smooth(r["curves"][key][:length], window) for r in runs]
+            mean = [sum(c[i] for c in curves) / len(curves) for i in range(length)]
+            ax.plot(steps, mean, color=colour, label=f"{setting.label} ({len(runs)} seeds)", linewidth=1.3)
+            if len(curves) > 1:
+                ax.fill_between(steps, [min(c[i] for c in curves) for i in range(length)],
+                                [max(c[i] for c in curves) for i in range(length)], color=colour, alpha=0.15,
+                                linewidth=0)
+        drawn = True
+    if not drawn:
+        plt.close(fig)
+        return None
+    axes[0].set_title("text loss (all positions, training)")
+    axes[0].set_yscale("log")  # a long text context's pads pull its curve far below the short one's
+    from matplotlib.ticker import ScalarFormatter
+
+    axes[0].yaxis.set_major_formatter(ScalarFormatter())
+    axes[0].yaxis.set_minor_formatter(ScalarFormatter())
+    axes[1].set_title("image loss (training)")
+    for ax in axes:
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+    axes[1].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def plot_accuracy(settings, summary: dict, path: Path) -> Path | None:
+    """Attribute accuracy and exact match per setting: bars = mean, error bars = 95 % CI, dots = seeds."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    present = [s for s in settings if s.name in summary]
+    if not present:
+        return None
+    fig, axes = plt.subplots(1, 2, figsize=(9, 3.4), dpi=90)
+    width = 0.38
+    for ax, metric in zip(axes, ("accuracy", "exact_match")):
+        for offset, split, colour in ((-width / 2, "val", "C0"), (width / 2, "heldout", "C1")):
+            key = f"{split}_{metric}"
+            xs, means, errors = [], [], []
+            for i, setting in enumerate(present):
+                interval = summary[setting.name].get(key)
+                if interval is None:
+                    continue
+                xs.append(i + offset)
+                means.append(interval["mean"])
+                errors.append(interval["half_width"] if math.isfinite(interval["half_width"]) else 0.0)
+                ax.scatter([i + offset] * len(interval["values"]), interval["values"], color="black", s=8, zorder=3)
+            ax.bar(xs, means, width, yerr=errors, capsize=3, color=colour, alpha=0.8,
+                   label="validation captions" if split == "val" else "held-out compositions")
+        ax.set_xticks(range(len(present)))
+        ax.set_xticklabels([s.label for s in present], fontsize=8)
+        ax.set_ylim(0, 1)
+        ax.set_title("attribute accuracy" if metric == "accuracy" else "exact match")
+        ax.grid(axis="y", alpha=0.3)
+    axes[0].legend(fontsize=7, loc="upper left")
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def plot_samples(config, settings, results: list[dict], path: Path) -> Path | None:
+    """One row per setting: the seed-0 (else first) run's images for the first held-out captions."""
+    import numpy as np
+    from PIL import Image
+
+    from .loss_weighting import SAMPLES_FILE, run_dir
+
+    rows = []
+    for setting in settings:
+        mine = sorted((r for r in results if r["setting"] == setting.name), key=lambda r: r["seed"])
+        if not mine:
+            continue
+        file = run_dir(config, setting, mine[0]["seed"]) / SAMPLES_FILE
+        if not file.is_file():
+            continue
+        with np.load(file) as data:
+            if "heldout" not in data:
+                continue
+            rows.append((setting.label, data["heldout"]))
+    if not rows:
+        return None
+    from PIL import ImageDraw
+
+    scale, pad, label_w = 2, 2, 90
+    size = rows[0][1].shape[1] * scale
+    columns = max(len(images) for _, images in rows)
+    canvas = Image.new("RGB", (label_w + columns * (size + pad), len(rows) * (size + pad) + pad), "white")
+    draw = ImageDraw.Draw(canvas)
+    for r, (label, images) in enumerate(rows):
+        y = pad + r * (size + pad)
+        draw.text((4, y + size // 2 - 5), label, fill="black")
+        for c, array in enumerate(images):
+            tile = Image.fromarray(array).resize((size, size), Image.NEAREST)
+            canvas.paste(tile, (label_w + c * (size + pad), y))
+    canvas.save(path)
+    return path
+
+
+# ------------------------------------------------------------------------------------------------ all of it
+
+def write_report(config, results: list[dict], expected: int, failures: list[dict]) -> Path:
+    """README.md, results.json and the PNGs in config.out_dir, from the finished runs' results."""
+    from dalle_lab.utils import atomic_write
+
+    out_dir = Path(config.out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    settings = config.settings()
+    results = sorted(results, key=lambda r: ([s.name for s in settings].index(r["setting"])
+                                             if r["setting"] in [s.name for s in settings] else 99, r["seed"]))
+    summary = summarise(settings, results)
+    rows = comparisons(config, results)
+    plots = {}
+    if plot_accuracy(settings, summary, out_dir / "accuracy.png"):
+        plots["accuracy"] = "accuracy.png"
+    if plot_curves(settings, results, out_dir / "loss_curves.png"):
+        plots["curves"] = "loss_curves.png"
+    if plot_samples(config, settings, results, out_dir / "samples.png"):
+        from dalle_lab.data.shapes import heldout_captions
+
+        plots["samples"] = "samples.png"
+        plots["sample_captions"] = heldout_captions(min(config.eval.n_heldout, 8), config.eval.seed)
+    status = "complete" if len(results) == expected and not failures else "partial"
+    document = {"status": status, "runs_finished": len(results), "runs_expected": expected,
+                "study": config.to_dict(), "summary": summary, "comparisons": rows,
+                "failures": [{k: v for k, v in f.items()} for f in failures],
+                "runs": [{k: v for k, v in r.items() if k != "cached"} for r in results]}
+    atomic_write(out_dir / "results.json",
+                 lambda tmp: Path(tmp).write_text(json.dumps(_finite(document), indent=1, allow_nan=False)))
+    text = markdown(config, summary, rows, results, expected, failures, plots)
+    return atomic_write(out_dir / "README.md", lambda tmp: Path(tmp).write_text(text))
+
+
+def _finite(value):
+    """NaN/inf -> None (strict JSON has no NaN: a test with one seed has no interval)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
+
+
+__all__ = ["comparisons", "finding_lines", "markdown", "summarise", "write_report"]
