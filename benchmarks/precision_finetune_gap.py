@@ -3,6 +3,7 @@
 
     python benchmarks/precision_finetune_gap.py --dalle_path runs/dalle/dalle.pt --precision tpu_default
     python benchmarks/precision_finetune_gap.py --dalle_path ... --precision bf16 --budget_s 300 --no_control
+    python benchmarks/precision_finetune_gap.py --sweep 1 8 16 32 48     # why init factor 32 (no DALLE needed)
 
 The reward: the LAION aesthetic head (the real published weights) on the embedding of a small random-weight CLIP ViT
 (patch 4 at the Shapes image size, width 256, 6 layers, projection 768) whose weights are scaled up by
@@ -94,6 +95,38 @@ def evaluate(dalle, tokenizer, prompts, reward, config, precision: str, seed: in
     return result
 
 
+def sweep(args) -> int:
+    """Why factor 32: embedding drift, score rank correlation and attention sharpness of the reward's random CLIP
+    against its initializer_factor, on Shapes validation images (no DALLE needed)."""
+    from dalle_lab.data.shapes import ShapesDataset
+
+    dataset = ShapesDataset("val", length=args.n_calibration, image_size=args.image_size, seed=0)
+    images = torch.stack([dataset[i][0] for i in range(len(dataset))])
+    rows = []
+    for factor in args.sweep:
+        args.clip_init_factor = factor
+        reward = build_reward(args, args.image_size, args.precision)
+        scored = score_both(reward, images, args.precision)
+        with torch.no_grad():
+            pixels = reward.scorer.preprocess(images)
+            reward.scorer.vision.set_attn_implementation("eager")  # attention weights are returned by eager only
+            out = reward.scorer.vision(pixel_values=pixels, output_attentions=True, output_hidden_states=True)
+        row = {"init_factor": factor, "cosine_mean": scored["cosine_mean"], "cosine_min": scored["cosine_min"],
+               "spearman": scored["spearman"], "mean_abs_diff": scored["mean_abs_diff"],
+               "fp32_score_std": float(scored["fp32"].std()),
+               "max_attention_prob": float(np.mean([a.max(-1).values.mean().item() for a in out.attentions])),
+               "residual_rms_last": float(out.hidden_states[-1].pow(2).mean().sqrt())}
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    print(f"\n| init factor | {args.precision} cosine mean / min | Spearman | mean abs score diff | fp32 score std | "
+          "mean max attention prob | residual RMS (last layer) |\n|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['init_factor']:g} | {r['cosine_mean']:.5f} / {r['cosine_min']:.5f} | {r['spearman']:.3f} | "
+              f"{r['mean_abs_diff']:.4f} | {r['fp32_score_std']:.3f} | {r['max_attention_prob']:.3f} | "
+              f"{r['residual_rms_last']:.1f} |")
+    return 0
+
+
 def fine_tune(args, dalle_path, config, prompts, reward, name: str):
     from dalle_lab.align.policy_gradient import PolicyGradientTrainer
     from dalle_lab.training.checkpoint import load_dalle
@@ -180,7 +213,13 @@ def main(argv=None) -> int:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--runs_dir", default=str(REPO / "runs" / "precision_gap"))
     parser.add_argument("--report_dir", default=str(REPO / "reports" / "parity"))
+    parser.add_argument("--sweep", type=float, nargs="+", default=None,
+                        help="only measure the reward's precision sensitivity for these init factors (no DALLE)")
+    parser.add_argument("--image_size", type=int, default=32, help="--sweep: Shapes image size")
     args = parser.parse_args(argv)
+    if args.sweep:
+        torch.set_num_threads(args.threads)
+        return sweep(args)
     if not Path(args.dalle_path).is_file():
         sys.exit(f"no DALLE checkpoint at {args.dalle_path}: train the built-in model first (train_dalle.py) "
                  "or pass --dalle_path")

@@ -107,6 +107,8 @@ def vit_l14_vision_config(**overrides):
     fields = dict(hidden_size=1024, intermediate_size=4096, num_hidden_layers=24, num_attention_heads=16,
                   image_size=224, patch_size=14, projection_dim=768, hidden_act="quick_gelu", layer_norm_eps=1e-5)
     fields.update(overrides)
+    if "initializer_factor" in fields:  # transformers' config is strictly typed: 32 must be 32.0
+        fields["initializer_factor"] = float(fields["initializer_factor"])
     return CLIPVisionConfig(**fields)
 
 

@@ -66,6 +66,7 @@ def main(argv=None) -> dict:
     head = AestheticHead.from_file(args.head_path)
     report = {"modes_compared": args.modes, "device": str(device), "head_path": str(args.head_path), "notes": []}
     start = time.time()
+    details = ""
 
     if args.embeddings:
         embeddings, names = parity.load_embedding_folder(args.embeddings)
@@ -98,8 +99,10 @@ def main(argv=None) -> dict:
         report["encoder"] = parity.encoder_parity(scorer, images, args.modes, names, args.batch_size,
                                                   progress=lambda line: print(line, file=sys.stderr))
     report["seconds"] = round(time.time() - start, 1)
-    report["title"] = ("random-weight ViT-L/14 CLIP + real LAION head" if report["notes"] else
-                       report.get("clip", "LAION head on given embeddings"))
+    if report["notes"]:
+        report["title"] = f"random-weight ViT-L/14 CLIP (seed {args.seed}{details}) + real LAION head"
+    else:
+        report["title"] = report.get("clip", "LAION head on given embeddings")
     paths = parity.write_report(report, args.out)
     print(parity.markdown_report(report))
     print("wrote " + ", ".join(str(p) for p in paths.values()))
