@@ -77,8 +77,12 @@ def read_prompts(args) -> list[str]:
 
 
 def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
-    config = AlignConfig(**{f.name: getattr(args, f.name) for f in fields(AlignConfig)})
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        config = AlignConfig(**{f.name: getattr(args, f.name) for f in fields(AlignConfig)})
+    except ValueError as err:  # a bad flag value: argparse's usage message and exit status 2
+        parser.error(str(err))
 
     import torch
 
