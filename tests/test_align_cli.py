@@ -61,3 +61,18 @@ def test_cli_errors_name_the_problem(tiny_checkpoint, tmp_path, capsys):
     assert "differentiable" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["--dalle_path", str(dalle_path), "--method", "nonsense"])
+
+
+def test_cli_with_deepspeed_resumes_its_engine_state(tiny_checkpoint, tmp_path, capsys):
+    pytest.importorskip("deepspeed")
+    dalle_path, prompts = tiny_checkpoint
+    args = ["--dalle_path", str(dalle_path), "--prompts", str(prompts), "--out_dir", str(tmp_path),
+            "--deepspeed_zero_stage", "1", *TINY]
+    assert main(args) == 0
+    state = torch.load(tmp_path / "align_state.pt", weights_only=True)
+    assert state["optimizer"] is None and state["deepspeed"]["zero_stage"] == 1
+    assert main(args[:-len(TINY)] + [*TINY[:1], "2", *TINY[2:]]) == 0
+    assert "resumed" in capsys.readouterr().out
+    # a plain run cannot continue the DeepSpeed state (its optimizer lives in DeepSpeed's files)
+    assert main(args[:-len(TINY) - 2] + [*TINY[:1], "3", *TINY[2:]]) == 1
+    assert "DeepSpeed" in capsys.readouterr().err

@@ -27,6 +27,7 @@ class AlignConfig:
     time_budget_s: float | None = None  # stop after the epoch that crosses this many seconds of fine-tuning
     lora_rank: int = 0  # 0 = fine-tune every weight; >0 = train only LoRA adapters of this rank
     lora_alpha: float = 16.0
+    deepspeed_zero_stage: int | None = None  # None: plain PyTorch; 0, 1 or 2: DeepSpeed's engine at that ZeRO stage
 
     # sampling: the policy the update optimises is exactly this distribution, so the same settings record the
     # log-probs while sampling and recompute them during the update
@@ -59,6 +60,8 @@ class AlignConfig:
             raise ValueError(f"advantage must be 'per_prompt' or 'group', not {self.advantage!r}")
         if self.group_size < 2 and self.advantage == "group":
             raise ValueError("group advantages need group_size >= 2 (a group of one has no spread)")
+        if self.deepspeed_zero_stage not in (None, 0, 1, 2):
+            raise ValueError(f"deepspeed_zero_stage must be 0, 1 or 2 (one process), got {self.deepspeed_zero_stage}")
         if self.backprop_last_k < 1:
             raise ValueError(f"backprop_last_k must be >= 1 (the reward's gradient reaches the model through the last "
                              f"K tokens), got {self.backprop_last_k}")

@@ -70,6 +70,7 @@ class AlignTrainer:
         self.trainable = self._trainable_parameters()
         self.reference = self._make_reference() if (self.needs_reference and config.kl_coef > 0) else None
         self.optimizer = torch.optim.AdamW(self.trainable, lr=config.lr, weight_decay=config.weight_decay)
+        self.deepspeed = self._make_deepspeed() if config.deepspeed_zero_stage is not None else None
 
         self.epoch = 0
         self.images_sampled = 0
@@ -154,8 +155,29 @@ class AlignTrainer:
             text, return_tokens=True, return_logprobs=True, **self.config.sampling_kwargs())
         return self.dalle.vae.decode(tokens), tokens, logprobs
 
+    def _make_deepspeed(self):
+        """DeepSpeed's engine around the transformer and our optimizer (one process; ZeRO stage from the config),
+        built by the training package's DeepSpeedEngine so both use the same settings and checkpoint packing."""
+        from dalle_lab.training.deepspeed_engine import DeepSpeedEngine, build_deepspeed_config
+        from dalle_lab.training.distributed import env_dist_info
+        from dalle_lab.training.precision import Precision
+
+        dist = env_dist_info()
+        if dist.distributed:
+            raise ValueError("alignment runs with DeepSpeed in one process only (each rank would sample and track "
+                             "its own prompts); start it without a multi-process launcher")
+        precision = Precision(self.device.type, None)
+        ds_config = build_deepspeed_config({}, batch_size=self.config.train_batch_size, ga_steps=1, world_size=1,
+                                           clip_grad_norm=self.config.max_grad_norm, precision=precision,
+                                           zero_stage=self.config.deepspeed_zero_stage)
+        return DeepSpeedEngine(self.dalle, self.optimizer, precision, dist, ds_config)
+
     def step(self, loss) -> float:
         """One optimiser step with gradient clipping; returns the gradient norm before clipping."""
+        if self.deepspeed is not None:
+            self.deepspeed.engine.backward(loss)  # DeepSpeed clips (gradient_clipping) and steps itself
+            self.deepspeed.engine.step()
+            return self.deepspeed.optimizer_step()[0]
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         norm = torch.nn.utils.clip_grad_norm_(self.trainable, self.config.max_grad_norm)
@@ -259,7 +281,7 @@ class AlignTrainer:
             "format": STATE_FORMAT,
             "config": to_dict(self.config),
             "weights": weights,
-            "optimizer": self.optimizer.state_dict(),
+            "optimizer": None if self.deepspeed is not None else self.optimizer.state_dict(),
             "epoch": self.epoch,
             "images_sampled": self.images_sampled,
             "elapsed_s": self.elapsed_s,
@@ -268,6 +290,8 @@ class AlignTrainer:
             "generator": self.generator.get_state(),
             "extra": self.extra_state_dict(),
         }
+        if self.deepspeed is not None:  # DeepSpeed's own engine files (optimizer partitions), packed as bytes
+            state["deepspeed"] = self.deepspeed.save_to_checkpoint(self.out_dir)["deepspeed"]
         return atomic_torch_save(state, self.out_dir / STATE_FILE)
 
     def load_state(self, path) -> None:
@@ -289,7 +313,12 @@ class AlignTrainer:
         with torch.no_grad():
             for name, value in state["weights"].items():
                 params[name].copy_(value)
-        self.optimizer.load_state_dict(state["optimizer"])
+        if self.deepspeed is not None:
+            self.deepspeed.load_training_state(state, path)
+        elif state["optimizer"] is None:
+            raise ValueError(f"{path} was written by a DeepSpeed run: resume it with the same deepspeed_zero_stage")
+        else:
+            self.optimizer.load_state_dict(state["optimizer"])
         self.epoch, self.images_sampled = state["epoch"], state["images_sampled"]
         self.elapsed_s, self.history = state["elapsed_s"], list(state["history"])
         restore_rng(state["rng"])
