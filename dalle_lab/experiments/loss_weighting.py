@@ -250,8 +250,9 @@ def collect_cached(config: StudyConfig) -> list[dict]:
     return results
 
 
-def run_study(config: StudyConfig, log=print) -> dict:
-    """Run every (setting, seed) not yet cached, `config.workers` at a time; rewrite the report after each run.
+def run_study(config: StudyConfig, log=print, report_every_s: float = 60.0) -> dict:
+    """Run every (setting, seed) not yet cached, `config.workers` at a time. The report is rewritten after a
+    finished run when `report_every_s` have passed since the last one (plots take seconds), and at the end.
     Returns {"results": [...], "failures": [...], "report": path}."""
     from .loss_weighting_report import write_report
 
@@ -259,9 +260,10 @@ def run_study(config: StudyConfig, log=print) -> dict:
     vae_paths = resolve_vae_paths(config)
     tasks = config.tasks()
     results, failures = [], []
-    started = time.monotonic()
+    started = last_report = time.monotonic()
 
     def finished(task, outcome):
+        nonlocal last_report
         (setting, seed), (result, error) = task, outcome
         done = len(results) + len(failures) + 1
         if error is not None:
@@ -274,7 +276,9 @@ def run_study(config: StudyConfig, log=print) -> dict:
             f"val accuracy {ev['val'].get('accuracy', math.nan):.3f}, heldout accuracy "
             f"{ev['heldout'].get('accuracy', math.nan):.3f}, val loss_img {ev['val']['loss_img']:.3f} "
             f"[{(time.monotonic() - started) / 60:.1f} min]")
-        write_report(config, results, len(tasks), failures)
+        if time.monotonic() - last_report >= report_every_s:
+            write_report(config, results, len(tasks), failures)
+            last_report = time.monotonic()
 
     if config.workers == 1:
         for task in tasks:

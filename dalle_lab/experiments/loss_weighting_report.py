@@ -29,7 +29,6 @@ LABELS = {key: label for key, label, _ in METRICS}
 # compared between settings (the total loss is not: its formula changes with the weight)
 COMPARED = ["val_accuracy", "heldout_accuracy", "val_exact_match", "heldout_exact_match", "val_loss_img",
             "val_loss_text_caption"]
-HIGHER_IS_BETTER = {"val_accuracy", "heldout_accuracy", "val_exact_match", "heldout_exact_match"}
 ALPHA = 0.05
 
 
@@ -123,33 +122,47 @@ def _p(value: float) -> str:
     return "< 0.001" if value < 0.001 else f"{value:.3f}"
 
 
+def _short(row: dict) -> str:
+    return (f"{LABELS[row['metric']]} ({row['a']} {row['mean_a']:.3f} vs {row['b']} {row['mean_b']:.3f}, "
+            f"p = {_p(row['p_value'])})")
+
+
 def finding_lines(rows: list[dict]) -> list[str]:
-    """One sentence per comparison, saying plainly whether the seeds show a difference."""
+    """The verdicts for one factor's comparisons, in plain words: what survives Holm's correction, what is only
+    nominal, and how many show no significant difference."""
+    robust = [r for r in rows if math.isfinite(r["p_holm"]) and r["p_holm"] < ALPHA]
+    nominal = [r for r in rows if r["p_value"] < ALPHA and r not in robust]
+    untestable = [r for r in rows if not math.isfinite(r["p_value"])]
+    rest = len(rows) - len(robust) - len(nominal) - len(untestable)
     lines = []
-    for row in rows:
-        if not math.isfinite(row["p_value"]):
-            lines.append(f"- {LABELS[row['metric']]}, {row['a']} vs {row['b']}: too few seeds to test.")
-            continue
-        if row["p_holm"] < ALPHA:
-            verdict = "significant, also after Holm's correction"
-        elif row["p_value"] < ALPHA:
-            verdict = "nominally significant (p < 0.05) but not after Holm's correction for the number of tests"
-        else:
-            verdict = "no significant difference"
-        better = ""
-        if row["p_value"] < ALPHA:
-            higher = row["a"] if row["difference"] > 0 else row["b"]
-            good = (row["metric"] in HIGHER_IS_BETTER) == (row["difference"] > 0)
-            better = f"; {higher} is higher ({'better' if good else 'worse'} for {row['a']})"
-        lines.append(f"- {LABELS[row['metric']]}: {row['a']} {row['mean_a']:.3f} vs {row['b']} {row['mean_b']:.3f}, "
-                     f"difference {row['difference']:+.3f} (95 % CI {row['difference'] - row['half_width']:+.3f} to "
-                     f"{row['difference'] + row['half_width']:+.3f}), Welch p = {_p(row['p_value'])}: "
-                     f"{verdict}{better}.")
+    if robust:
+        lines.append("- Significant after Holm's correction: " + "; ".join(_short(r) for r in robust) + ".")
+    if nominal:
+        lines.append("- Nominally significant (p < 0.05) but not after correcting for the number of tests: "
+                     + "; ".join(_short(r) for r in nominal) + ".")
+    if rest:
+        lines.append(f"- {'The other' if robust or nominal else 'All'} {rest} comparisons: no significant "
+                     "difference.")
+    if untestable:
+        lines.append(f"- {len(untestable)} comparisons could not be tested (fewer than 2 seeds on a side).")
+    return lines
+
+
+def comparison_table(rows: list[dict]) -> list[str]:
+    lines = ["| comparison | metric | a − b (95 % CI) | Welch p | Holm p |", "|---|---|---|---|---|"]
+    for r in rows:
+        diff = f"{r['difference']:+.3f}"
+        if math.isfinite(r["half_width"]):
+            diff += f" ({r['difference'] - r['half_width']:+.3f} to {r['difference'] + r['half_width']:+.3f})"
+        lines.append(f"| {r['a']} vs {r['b']} | {LABELS[r['metric']]} | {diff} | {_p(r['p_value'])} | "
+                     f"{_p(r['p_holm'])} |")
     return lines
 
 
 def markdown(config, summary: dict, rows: list[dict], results: list[dict], expected: int, failures: list[dict],
              plots: dict) -> str:
+    from dalle_lab.model import DALLEConfig
+
     settings = config.settings()
     done = len(results)
     complete = done == expected and not failures
@@ -177,7 +190,8 @@ def markdown(config, summary: dict, rows: list[dict], results: list[dict], expec
         f"- Model: dim {config.dim}, depth {config.depth}, heads {config.heads}, dim_head {config.dim_head}; "
         f"{config.steps} steps of batch {config.batch_size} ({config.steps * config.batch_size} samples), "
         f"learning rate {config.learning_rate:g} with {config.warmup_steps} warm-up steps then cosine decay, "
-        f"amp {'on' if config.amp else 'off'}, device {config.device}.",
+        f"amp {'on' if config.amp else 'off'}, device {config.device}; every other DALLEConfig field at its default "
+        f"(e.g. {DALLEConfig().null_cond_prob:.0%} caption dropout for guidance).",
         f"- Grid: loss_img_weight {', '.join(f'{w:g}' for w in config.loss_img_weights)} x text_seq_len "
         f"{', '.join(str(t) for t in config.text_seq_lens)}, seeds 0..{config.seeds - 1} "
         f"(a seed fixes the initial weights and the training sample stream, the same for every setting).",
@@ -218,31 +232,33 @@ def markdown(config, summary: dict, rows: list[dict], results: list[dict], expec
                 + "; ".join(f"{i + 1}. {c}" for i, c in enumerate(plots.get("sample_captions", []))), ""]
     out += ["## What the data shows", ""]
     if rows:
-        significant = [r for r in rows if r["p_value"] < ALPHA]
-        robust = [r for r in rows if r["p_holm"] < ALPHA]
         n_seeds = sorted({len(summary[s]['seeds']) for s in summary})
-        out += [f"{len(rows)} Welch t-tests (two-sided, {'/'.join(map(str, n_seeds))} seeds per setting): "
-                f"{len(significant)} with p < 0.05, {len(robust)} of them still below 0.05 after Holm's "
-                "correction for testing this many. With so few seeds only large, consistent effects can show; "
-                "\"no significant difference\" means this study cannot tell the settings apart, not that they are "
-                "equal.", ""]
+        out += [f"{len(rows)} two-sided Welch t-tests between settings ({'/'.join(map(str, n_seeds))} seeds per "
+                "setting), Holm-corrected over all of them. With few seeds only large, consistent effects can "
+                "show: \"no significant difference\" means this study cannot tell the settings apart, not that "
+                "they are equal.", ""]
         for factor, title in (("loss_img_weight", "Text vs image weighting (same text_seq_len)"),
                               ("text_seq_len", "Short vs long text context (same weighting)")):
             mine = [r for r in rows if r["factor"] == factor]
             if mine:
                 out += [f"**{title}:**", "", *finding_lines(mine), ""]
+        out += ["<details><summary>All comparisons</summary>", "", *comparison_table(rows), "", "</details>", ""]
     else:
         out += ["Not enough finished runs to compare settings yet.", ""]
     if mean_train_s:
         out += ["## Cost", "",
                 "Mean training time per run (this machine, runs that were not resumed; shared CPUs inflate these): "
-                + ", ".join(f"{label} {s / 60:.1f} min" for label, s in mean_train_s.items()) + ".", ""]
+                + ", ".join(f"{label} {_duration(s)}" for label, s in mean_train_s.items()) + ".", ""]
     if failures:
         out += ["## Failed runs", ""] + [f"- {f['setting']} seed {f['seed']}: {f['error'].splitlines()[0]}"
                                          for f in failures] + [""]
     out += ["## Reproduce", "", "```", "python -m dalle_lab.experiments.loss_weighting " + command_flags(config), "```",
             "", "All numbers, per run and aggregated, with the loss curves: `results.json`. See docs/experiments.md.", ""]
     return "\n".join(out)
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.1f} min"
 
 
 def command_flags(config) -> str:
@@ -446,4 +462,4 @@ def _finite(value):
     return value
 
 
-__all__ = ["comparisons", "finding_lines", "markdown", "summarise", "write_report"]
+__all__ = ["comparison_table", "comparisons", "finding_lines", "markdown", "summarise", "write_report"]
