@@ -17,8 +17,6 @@ before the first update and ratios start at 1 (a test checks it).
 """
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -156,7 +154,7 @@ class PolicyGradientTrainer(AlignTrainer):
                 sums["clipfrac"].append(stats["clipfrac"])
                 sums["entropy"].append(token_entropy(processed.detach()).mean().item())
                 sums["grad_norm"].append(grad_norm)
-                if inner == 0 and not sums["ratio_first"]:
+                if inner == 0 and not sums["ratio_first"]:  # before any update: must be 0 (ratio 1)
                     sums["ratio_first"].append((sampled.detach() - batch["old_logprobs"][index]).abs().max().item())
         rewards = batch["rewards"]
         log = {k: float(np.mean(v)) for k, v in sums.items() if v}
@@ -165,10 +163,4 @@ class PolicyGradientTrainer(AlignTrainer):
             log["kl_ref_image"] = log["kl_ref_token"] * batch["tokens"].shape[1]
         log.update(self.reward_summary(rewards))
         log.update(self.reward_precision_gap(batch["images"], prompts, rewards))
-        self.last_batch = batch
         return log
-
-
-def standard_error(values) -> float:
-    values = np.asarray(values, dtype=np.float64)
-    return float(values.std(ddof=1) / math.sqrt(len(values))) if len(values) > 1 else float("nan")
