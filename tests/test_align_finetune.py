@@ -228,3 +228,21 @@ def test_low_precision_reward_logs_its_gap_to_fp32_and_warns(tokenizer, tmp_path
     assert log["reward_gap"] == pytest.approx(0.5, abs=1e-5) and log["reward_gap_n"] == 3
     with pytest.raises(ValueError, match="precision"):
         make_trainer(tokenizer, tmp_path / "b", reward=brightness, reward_precision="bf16")
+
+
+def test_evaluate_model_reports_reward_checker_and_zero_kl_against_itself(tokenizer):
+    import copy
+
+    from dalle_lab.align.evaluate import evaluate_model, improvement_in_se
+
+    dalle = tiny_dalle(tokenizer)
+    prompts = [PROMPTS[0]] * 3 + [PROMPTS[1]] * 3
+    result = evaluate_model(dalle, tokenizer, prompts, brightness, AlignConfig(), seed=5,
+                            reference=copy.deepcopy(dalle), batch_size=4)
+    assert result["n"] == 6 and result["images"].shape == (6, 3, 16, 16)
+    assert 0 <= result["checker_accuracy"] <= 1 and 0 <= result["exact_match"] <= 1
+    assert abs(result["kl_ref_image"]) < 1e-5
+    again = evaluate_model(dalle, tokenizer, prompts, brightness, AlignConfig(), seed=5, shapes=False, batch_size=4)
+    assert again["reward_mean"] == pytest.approx(result["reward_mean"])  # same seed, same samples
+    better = dict(again, reward_mean=again["reward_mean"] + 3 * 2 ** 0.5 * again["reward_se"])
+    assert improvement_in_se(again, better) == pytest.approx(3.0)
