@@ -135,7 +135,25 @@ def task_compare(args, report: Path) -> dict:
     common = dict(reward="negative_total_variation", epochs=args.compare_epochs, lr=args.lr, kl_coef=args.kl_coef,
                   prompts_per_epoch=args.prompts_per_epoch, group_size=args.group_size, sample_batch_size=args.batch,
                   train_batch_size=args.batch, seed=0)
-    histories, summary = {}, {}
+    jpeg, tv = get_reward("jpeg_compressibility"), get_reward("negative_total_variation")
+    eval_prompts = [prompts[i % len(prompts)] for i in range(args.n_eval)]
+
+    def measure(dalle, tokenizer, seed):
+        """JPEG reward and the TV proxy on the same fresh samples, and how well they agree."""
+        from dalle_lab.align.precision import spearman
+
+        result = evaluate_model(dalle, tokenizer, eval_prompts, jpeg, AlignConfig(), seed=seed, shapes=False)
+        proxy = tv(result["images"]).numpy()
+        jpeg_scores = jpeg(result["images"]).numpy()
+        return {"jpeg_mean": result["reward_mean"], "jpeg_se": result["reward_se"],
+                "tv_mean": float(proxy.mean()), "tv_se": float(proxy.std(ddof=1) / len(proxy) ** 0.5),
+                "spearman_jpeg_tv": spearman(jpeg_scores, proxy)}
+
+    dalle, tokenizer, _ = load_dalle(args.dalle_path)
+    start = measure(dalle, tokenizer, seed=505)
+    print(f"[compare] start: jpeg {start['jpeg_mean']:.4f} +- {start['jpeg_se']:.4f}, TV proxy {start['tv_mean']:.3f}"
+          f" +- {start['tv_se']:.3f}, Spearman(jpeg, TV) on these samples {start['spearman_jpeg_tv']:.3f}", flush=True)
+    histories, summary = {}, {"start": start}
     for label, method, cls, extra in (
         ("policy gradient (PPO)", "policy_gradient", None, {}),
         ("reward backprop (ST-Gumbel, last K=16)", "reward_backprop", RewardBackpropTrainer,
@@ -144,12 +162,16 @@ def task_compare(args, report: Path) -> dict:
         config = AlignConfig(method=method, **{**common, **extra})
         trainer, out = fine_tune(args, config, prompts, f"compare_{method}", cls)
         histories[label] = trainer.history
+        after = measure(trainer.dalle, tokenizer, seed=606)
         summary[label] = {"first_reward": trainer.history[0]["reward_mean"],
                           "last_reward": trainer.history[-1]["reward_mean"],
-                          "images_sampled": trainer.images_sampled, "seconds": trainer.elapsed_s}
+                          "images_sampled": trainer.images_sampled, "seconds": trainer.elapsed_s,
+                          "fresh_samples_after": after}
         copy_figures(out, report, f"compare_{method}")
-        print(f"[compare] {label}: reward {summary[label]['first_reward']:.3f} -> {summary[label]['last_reward']:.3f} "
-              f"over {trainer.images_sampled} images ({trainer.elapsed_s:.0f}s)", flush=True)
+        print(f"[compare] {label}: training reward {summary[label]['first_reward']:.3f} -> "
+              f"{summary[label]['last_reward']:.3f} over {trainer.images_sampled} images ({trainer.elapsed_s:.0f}s); "
+              f"fresh samples: TV {start['tv_mean']:.3f} -> {after['tv_mean']:.3f} +- {after['tv_se']:.3f}, "
+              f"jpeg {start['jpeg_mean']:.4f} -> {after['jpeg_mean']:.4f} +- {after['jpeg_se']:.4f}", flush=True)
     plot_reward_curves(histories, report / "compare_reward_vs_images.png",
                        title="negative total variation: PPO vs reward backprop")
     return {"runs": summary, "histories": histories}
