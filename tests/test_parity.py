@@ -80,6 +80,9 @@ def test_encoder_parity_reports_cosines_layers_and_a_bound_that_holds(tiny_clip_
         assert summary["bound_holds_encoder_share"] == 4, mode
         assert summary["worst_image"] in names
         assert len(result["per_layer"]["cosine_mean"]) == 3  # embeddings + 2 layers
+    between = report["between_modes"]
+    assert set(between) == {"bf16 vs fp16", "bf16 vs tpu_default", "fp16 vs tpu_default"}
+    assert 0.99 < between["bf16 vs tpu_default"]["cosine_min"] < 1.0  # similar, not identical
     # 2 layers x 8 products + patch conv + projection in the encoder, and the head's 5 linears
     assert report["modes"]["tpu_default"]["summary"]["products_rounded_per_batch"] == 8 * 2 + 2 + 5
 
@@ -159,3 +162,22 @@ def test_reward_gap_needs_a_model_to_cast_and_warns_past_thresholds():
     shifted = dict(agree, mean_abs_diff=0.5)
     assert "0.5000 > 0.1" in reward_gap_warning(shifted)
     assert reward_gap_warning(dict(shuffled, n=4)) is None  # too few images to trust a rank correlation
+
+
+def test_parity_command_on_images_sampled_by_a_dalle_checkpoint(tiny_clip_dir, tmp_path):
+    from dalle_lab.align.parity_cli import main
+    from dalle_lab.training.config import TrainConfig
+    from dalle_lab.training.loop import train
+    from dalle_lab.vae.tiny import make_tiny_vqgan
+
+    vq_ckpt, vq_yaml = make_tiny_vqgan(tmp_path / "vqgan")
+    config = TrainConfig(vqgan_model_path=str(vq_ckpt), vqgan_config_path=str(vq_yaml), batch_size=2, max_steps=1,
+                         output_dir=str(tmp_path / "run"), sample_every_n_steps=0, progress=False)
+    checkpoint = train(config, dict(dim=32, depth=1, heads=2, dim_head=16, null_cond_prob=0.0)).checkpoint_path
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("a red circle\n\na blue square on a white background\n")
+    main(["--clip_path", str(tiny_clip_dir), "--head_path", str(HEAD), "--dalle_path", str(checkpoint),
+          "--prompts", str(prompts), "--modes", "tpu_default", "--out", str(tmp_path / "out")])
+    saved = json.loads((tmp_path / "out" / "parity.json").read_text())
+    assert saved["encoder"]["images"] == ["a red circle", "a blue square on a white background"]
+    assert saved["images_source"].startswith("sampled by")

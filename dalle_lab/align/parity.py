@@ -79,8 +79,11 @@ def encoder_parity(scorer, images, modes=DEFAULT_MODES, names=None, batch_size: 
     fp32_scores = np.zeros(count)
     per_mode = {mode: {"cosine": np.zeros(count), "score": np.zeros(count), "encoder_score": np.zeros(count),
                        "layers": None, "products": 0} for mode in modes}
+    pairs = [(a, b) for i, a in enumerate(modes) for b in modes[i + 1:]]
+    pair_cosine = {pair: np.zeros(count) for pair in pairs}
     with torch.no_grad():
         for index, batch in _batches(images, batch_size):
+            mode_embeds = {}
             reference, ref_embeds, ref_scores = scorer.encode(batch, "fp32", output_hidden_states=True)
             fp32_scores[list(index)] = ref_scores.double().cpu().numpy()
             for mode in modes:
@@ -88,6 +91,7 @@ def encoder_parity(scorer, images, modes=DEFAULT_MODES, names=None, batch_size: 
                 result = per_mode[mode]
                 result["products"] = max(result["products"], scorer.last_precision.num_products)
                 result["cosine"][list(index)] = _cosine(embeds, ref_embeds)
+                mode_embeds[mode] = embeds
                 result["score"][list(index)] = scores.double().cpu().numpy()
                 # the head in float32 on this mode's embedding: isolates what the encoder's error does to the score
                 result["encoder_score"][list(index)] = scorer.score_embeddings(embeds, "fp32").double().cpu().numpy()
@@ -97,9 +101,17 @@ def encoder_parity(scorer, images, modes=DEFAULT_MODES, names=None, batch_size: 
                 if progress:
                     drift = ", ".join(f"{1 - c:.2e}" for c in result["cosine"][list(index)])
                     progress(f"{mode}: images {index.start}-{index.stop - 1}: 1 - embedding cosine {drift}")
+            for a, b in pairs:
+                pair_cosine[(a, b)][list(index)] = _cosine(mode_embeds[a], mode_embeds[b])
     report = {"images": names, "fp32_scores": fp32_scores.tolist(), "head_weight_norm": weight_norm, "modes": {}}
     for mode, result in per_mode.items():
         report["modes"][mode] = _summarise(names, fp32_scores, result, weight_norm)
+    # do two low precisions agree with each other? (a bf16 cast against emulated TPU products: similar, not equal)
+    report["between_modes"] = {
+        f"{a} vs {b}": {"cosine_mean": float(pair_cosine[(a, b)].mean()), "cosine_min": float(pair_cosine[(a, b)].min()),
+                        "spearman": spearman(per_mode[a]["score"], per_mode[b]["score"]),
+                        "score_abs_diff_mean": float(np.abs(per_mode[a]["score"] - per_mode[b]["score"]).mean())}
+        for a, b in pairs}
     return report
 
 
@@ -200,6 +212,11 @@ def markdown_report(report: dict) -> str:
             lines += ["", f"Bound: |score change| <= |w| sqrt(2 - 2 cos) with |w| = {encoder['head_weight_norm']:.3f} "
                       "(the head is affine). 'Encoder share' scores the mode's embedding with the float32 head, "
                       "which the bound covers exactly; 'total' also includes the head's own rounding."]
+        if encoder.get("between_modes"):
+            lines += ["", "Low precisions against each other: " + "; ".join(
+                f"{pair}: embedding cosine mean {_fmt(v['cosine_mean'], 6)} (min {_fmt(v['cosine_min'], 6)}), "
+                f"mean abs score diff {_fmt(v['score_abs_diff_mean'])}, Spearman {_fmt(v['spearman'], 3)}"
+                for pair, v in encoder["between_modes"].items())]
         layers = next(iter(encoder["modes"].values()))["per_layer"]["cosine_mean"]
         picks = sorted({0, len(layers) // 4, len(layers) // 2, 3 * len(layers) // 4, len(layers) - 1})
         lines += ["", "Per-layer mean token cosine of the hidden states (layer 0 = embeddings after pre-LayerNorm):",
