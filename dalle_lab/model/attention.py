@@ -12,6 +12,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .linear import Linear
+
 # CogView's PB-relax constant: scores are computed as (q / (alpha * sqrt(d))) @ k^T, i.e. alpha times smaller than
 # usual, so the matmul's output stays inside float16's range; the row max is subtracted and the result is multiplied
 # back by alpha before the softmax, which leaves the softmax mathematically unchanged.
@@ -21,28 +23,29 @@ PB_RELAX_ALPHA = 32.0
 class KVCache:
     """Keys and values of one attention layer, preallocated for the whole generation.
 
-    Writing a step is an in-place copy into the buffers (no torch.cat of a growing tensor, so generation stays
-    linear in sequence length); attention reads the prefix `[:, :, :end]` as a view. The cache holds no position
-    counter: the caller passes the start position of the tokens it feeds (one counter for all layers).
+    One buffer (2, B, heads, max_len, dim_head) holds keys and values, so writing a step is a single in-place copy
+    (no torch.cat of a growing tensor: generation stays linear in sequence length); attention reads the prefix
+    `[:, :end]` as views. The cache holds no position counter: the caller passes the start position of the tokens it
+    feeds (one counter for all layers).
     """
 
     def __init__(self, max_len: int):
         self.max_len = max_len
-        self.keys = self.values = None
+        self.buffer = None
 
-    def update(self, start: int, keys: torch.Tensor, values: torch.Tensor):
-        end = start + keys.shape[2]
+    def update(self, start: int, kv: torch.Tensor):
+        """kv: (2, B, heads, n, dim_head) for positions start..start+n-1 -> (keys, values) for positions 0..end-1."""
+        end = start + kv.shape[3]
         if end > self.max_len:
             raise ValueError(f"KV cache overflow: writing positions {start}..{end - 1} into a cache of {self.max_len}")
-        if self.keys is None:
-            # Allocated at the first write so the buffers take the dtype the layer actually produces
+        if self.buffer is None:
+            # Allocated at the first write so the buffer takes the dtype the layer actually produces
             # (bfloat16 under autocast, float32 otherwise) and SDPA sees matching dtypes.
-            b, h, _, d = keys.shape
-            self.keys = keys.new_empty(b, h, self.max_len, d)
-            self.values = values.new_empty(b, h, self.max_len, d)
-        self.keys[:, :, start:end] = keys
-        self.values[:, :, start:end] = values
-        return self.keys[:, :, :end], self.values[:, :, :end]
+            two, b, h, _, d = kv.shape
+            self.buffer = kv.new_empty(two, b, h, self.max_len, d)
+        self.buffer[:, :, :, start:end] = kv
+        prefix = self.buffer[:, :, :, :end]
+        return prefix[0], prefix[1]
 
 
 class Attention(nn.Module):
@@ -53,8 +56,8 @@ class Attention(nn.Module):
         self.stable = stable
         self.dropout = dropout
         inner = heads * dim_head
-        self.to_qkv = nn.Linear(dim, 3 * inner, bias=False)  # one fused matmul for queries, keys and values
-        self.to_out = nn.Linear(inner, dim)
+        self.to_qkv = Linear(dim, 3 * inner, bias=False)  # one fused matmul for queries, keys and values
+        self.to_out = Linear(inner, dim)
         self.out_dropout = nn.Dropout(dropout)
 
     def forward(self, x: torch.Tensor, cache: KVCache | None = None, start: int = 0, return_attention: bool = False):
@@ -64,11 +67,14 @@ class Attention(nn.Module):
         cached so far. Returns the output (B, L, dim) and, if return_attention, the weights (B, heads, L, start+L).
         """
         b, n, _ = x.shape
-        q, k, v = self.to_qkv(x).view(b, n, 3, self.heads, self.dim_head).permute(2, 0, 3, 1, 4).unbind(0)
+        qkv = self.to_qkv(x).view(b, n, 3, self.heads, self.dim_head).permute(2, 0, 3, 1, 4)  # (3, B, H, n, d)
+        q = qkv[0]
         if cache is not None:
-            k, v = cache.update(start, k, v)
+            k, v = cache.update(start, qkv[1:])
         elif start != 0:
             raise ValueError("start > 0 needs a KV cache holding the earlier positions")
+        else:
+            k, v = qkv[1], qkv[2]
 
         weights = None
         if self.stable or return_attention:
@@ -82,8 +88,10 @@ class Attention(nn.Module):
             else:  # several new tokens after a cached prefix: the causal mask is offset by `start`
                 out = F.scaled_dot_product_attention(q, k, v, attn_mask=_causal_mask(n, k.shape[2], start, x.device),
                                                      dropout_p=dropout_p)
-        out = out.transpose(1, 2).reshape(b, n, self.heads * self.dim_head)
-        return self.out_dropout(self.to_out(out)), weights
+        out = self.to_out(out.transpose(1, 2).reshape(b, n, self.heads * self.dim_head))
+        if self.dropout > 0:
+            out = self.out_dropout(out)
+        return out, weights
 
     def _explicit_attention(self, q, k, v, start: int):
         scale = self.dim_head ** -0.5

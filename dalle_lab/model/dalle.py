@@ -27,6 +27,7 @@ from torch import nn
 
 from ..sampling import resolve_top_k, sample_from_log_probs, sampling_distribution
 from .config import DALLEConfig
+from .linear import Linear
 from .transformer import Transformer
 
 # DALLE-pytorch primes with the top 14 of 32 rows when no count is given; same fraction here.
@@ -77,8 +78,8 @@ class DALLE(nn.Module):
         self.transformer = Transformer(dim, cfg.depth, cfg.heads, cfg.dim_head, cfg.ff_mult, cfg.attn_dropout,
                                        cfg.ff_dropout, cfg.stable, cfg.sandwich_norm)
         self.final_norm = nn.LayerNorm(dim)
-        self.to_text_logits = nn.Linear(dim, cfg.total_text_tokens)
-        self.to_image_logits = nn.Linear(dim, cfg.num_image_tokens)
+        self.to_text_logits = Linear(dim, cfg.total_text_tokens)
+        self.to_image_logits = Linear(dim, cfg.num_image_tokens)
         self.register_buffer("text_pad_ids", cfg.num_text_tokens + torch.arange(cfg.text_seq_len), persistent=False)
         self.apply(_init_weights)
 

@@ -6,6 +6,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .attention import Attention, KVCache
+from .linear import Linear
 
 
 class FeedForward(nn.Module):
@@ -14,13 +15,16 @@ class FeedForward(nn.Module):
     def __init__(self, dim: int, mult: int = 4, dropout: float = 0.0):
         super().__init__()
         hidden = dim * mult
-        self.proj_in = nn.Linear(dim, hidden * 2)  # value and gate in one matmul
+        self.proj_in = Linear(dim, hidden * 2)  # value and gate in one matmul
         self.dropout = nn.Dropout(dropout)
-        self.proj_out = nn.Linear(hidden, dim)
+        self.proj_out = Linear(hidden, dim)
 
     def forward(self, x):
         value, gate = self.proj_in(x).chunk(2, dim=-1)
-        return self.proj_out(self.dropout(value * F.gelu(gate)))
+        hidden = value * F.gelu(gate)
+        if self.dropout.p > 0:
+            hidden = self.dropout(hidden)
+        return self.proj_out(hidden)
 
 
 class Block(nn.Module):
@@ -37,14 +41,16 @@ class Block(nn.Module):
         self.attn = Attention(dim, heads, dim_head, dropout=attn_dropout, stable=stable)
         self.ff_norm = nn.LayerNorm(dim)
         self.ff = FeedForward(dim, ff_mult, ff_dropout)
-        self.attn_out_norm = nn.LayerNorm(dim) if sandwich_norm else nn.Identity()
-        self.ff_out_norm = nn.LayerNorm(dim) if sandwich_norm else nn.Identity()
+        self.sandwich_norm = sandwich_norm
+        if sandwich_norm:
+            self.attn_out_norm = nn.LayerNorm(dim)
+            self.ff_out_norm = nn.LayerNorm(dim)
 
     def forward(self, x, cache: KVCache | None = None, start: int = 0, return_attention: bool = False):
         attn_out, weights = self.attn(self.attn_norm(x), cache=cache, start=start, return_attention=return_attention)
-        x = x + self.attn_out_norm(attn_out)
-        x = x + self.ff_out_norm(self.ff(self.ff_norm(x)))
-        return x, weights
+        ff_in = x + (self.attn_out_norm(attn_out) if self.sandwich_norm else attn_out)
+        ff_out = self.ff(self.ff_norm(ff_in))
+        return ff_in + (self.ff_out_norm(ff_out) if self.sandwich_norm else ff_out), weights
 
 
 class Transformer(nn.Module):
