@@ -59,7 +59,7 @@ class StudyConfig:
     heads: int = 4
     dim_head: int = 32
     # training (TrainConfig fields)
-    steps: int = 600
+    steps: int = 500
     batch_size: int = 32
     learning_rate: float = 1e-3
     warmup_steps: int = 50

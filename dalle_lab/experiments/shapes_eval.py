@@ -18,9 +18,9 @@ import torch.nn.functional as F
 
 @dataclass
 class EvalSettings:
-    n_val: int = 64  # validation captions (unseen captions, seen colour-shape pairs) to generate for
-    n_heldout: int = 64  # held-out composition captions (colour-shape pairs never trained on)
-    n_loss: int = 256  # samples per split for the held-out losses
+    n_val: int = 200  # validation captions (unseen captions, seen colour-shape pairs) to generate for
+    n_heldout: int = 200  # held-out composition captions (colour-shape pairs never trained on)
+    n_loss: int = 512  # samples per split for the held-out losses
     seed: int = 0  # which captions/images (the same for every run) and the sampling seed
     batch_size: int = 32
     # sampling: the library's defaults for Shapes (see dalle_lab.training.generation.SamplingSettings)
