@@ -75,6 +75,7 @@ class StudyConfig:
     vqgan_model_path: str | None = None  # None (with no config path): the default Shapes image tokenizer
     vqgan_config_path: str | None = None
     bpe_path: str | None = None  # None: the shipped vocabulary
+    note: str | None = None  # a paragraph put at the top of the report (e.g. how this run departed from defaults)
     # execution
     workers: int = 2  # runs trained at the same time (separate processes)
     threads: int = 1  # torch threads per run
@@ -210,6 +211,7 @@ def run_one(config: StudyConfig, setting: Setting, seed: int, vae_paths: tuple[s
                   "tokens_per_sample": setting.text_seq_len + model.config.image_seq_len,
                   "final": final_train_losses(curves)},
         "eval": numbers, "eval_seconds": eval_seconds, "curves": curves,
+        "image_tokenizer": {"model_path": vae.identity["model_path"], "sha256": vae.identity["sha256"]},
     }
     kept = {split: to_uint8(batch[:SAMPLES_KEPT]) for split, batch in images.items() if batch is not None}
     np.savez_compressed(directory / SAMPLES_FILE, **kept)
@@ -333,6 +335,7 @@ def build_parser() -> argparse.ArgumentParser:
     run = p.add_argument_group("execution")
     run.add_argument("--workers", type=int, default=d.workers, help="runs trained at the same time")
     run.add_argument("--threads", type=int, default=d.threads, help="torch threads per run")
+    run.add_argument("--note", default=None, help="a paragraph for the top of the report")
     run.add_argument("--report_only", action="store_true",
                      help="do not train: rebuild the report from the finished runs in --runs_dir")
     return p

@@ -178,6 +178,8 @@ def markdown(config, summary: dict, rows: list[dict], results: list[dict], expec
         out += [f"**PARTIAL REPORT: {done} of {expected} runs finished"
                 + (f", {len(failures)} failed" if failures else "")
                 + ". Numbers below cover only the finished runs.**", ""]
+    if config.note:
+        out += [f"> {config.note}", ""]
     out += [
         "Does weighting the text loss like the image loss (`loss_img_weight` 1, as CogView) rather than 7 (DALL-E) "
         "change what a small text-to-image transformer learns on the built-in Shapes data, and does a longer text "
@@ -199,6 +201,9 @@ def markdown(config, summary: dict, rows: list[dict], results: list[dict], expec
         f"samples; one image generated (top_k {e.top_k}, temperature {e.temperature:g}) for each of {e.n_val} "
         f"validation captions and {e.n_heldout} held-out-composition captions, scored by the Shapes checker "
         "(attribute accuracy: share of the caption's attributes the image satisfies; exact match: all of them).",
+        *[f"- Image tokenizer: `{_relative(path)}` (sha256 {sha[:12]}...)." for path, sha in sorted(
+            {(r["image_tokenizer"]["model_path"], r["image_tokenizer"]["sha256"]) for r in results
+             if r.get("image_tokenizer")})],
         "- Cells are mean ± the t-based 95 % confidence interval half-width across seeds "
         "(mean ± t(0.975, n-1) · s / √n).",
         "",
@@ -255,6 +260,14 @@ def markdown(config, summary: dict, rows: list[dict], results: list[dict], expec
     out += ["## Reproduce", "", "```", "python -m dalle_lab.experiments.loss_weighting " + command_flags(config), "```",
             "", "All numbers, per run and aggregated, with the loss curves: `results.json`. See docs/experiments.md.", ""]
     return "\n".join(out)
+
+
+def _relative(path: str) -> str:
+    """A path under the working directory without the machine-specific prefix."""
+    try:
+        return str(Path(path).resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)
 
 
 def _duration(seconds: float) -> str:
