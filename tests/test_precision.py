@@ -163,17 +163,19 @@ def test_low_precision_modes_cast_model_and_inputs_then_restore_exactly(mode, dt
 
 def test_fp32_mode_restores_a_bf16_model_and_switches_tf32_off_temporarily():
     linear = torch.nn.Linear(4, 2).bfloat16()
-    saved_flag = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = True
+    cuda_matmul, onednn_matmul = torch.backends.cuda.matmul, torch.backends.mkldnn.matmul
+    saved = (cuda_matmul.fp32_precision, onednn_matmul.fp32_precision)
+    cuda_matmul.fp32_precision, onednn_matmul.fp32_precision = "tf32", "bf16"  # what a user may have set
     try:
-        with precision_mode(linear, "fp32"):
+        with precision_mode(linear, "fp32"), torch.no_grad():
             assert linear.weight.dtype == torch.float32
-            assert torch.backends.cuda.matmul.allow_tf32 is False
-            assert torch.get_float32_matmul_precision() == "highest"
-        assert torch.backends.cuda.matmul.allow_tf32 is True
+            assert (cuda_matmul.fp32_precision, onednn_matmul.fp32_precision) == ("ieee", "ieee")
+            assert linear(torch.randn(3, 4)).dtype == torch.float32
+        assert (cuda_matmul.fp32_precision, onednn_matmul.fp32_precision) == ("tf32", "bf16")
     finally:
-        torch.backends.cuda.matmul.allow_tf32 = saved_flag
+        cuda_matmul.fp32_precision, onednn_matmul.fp32_precision = saved
     assert linear.weight.dtype == torch.bfloat16
+    torch.get_float32_matmul_precision()  # the settings are consistent again (torch raises on a mix)
 
 
 def test_unknown_mode_and_missing_model_are_clear_errors():

@@ -10,7 +10,8 @@ to please the artefact. These modes let one run the same reward model in each pr
     handle.num_products   # how many matrix products were rounded (a test checks it against the model's count)
 
 Modes:
-- "fp32": parameters and floating inputs in float32, TF32 disabled on CUDA (true float32 products).
+- "fp32": parameters and floating inputs in float32, TF32 (CUDA) and reduced-precision oneDNN (CPU) float32
+  products disabled: true float32 products.
 - "bf16" / "fp16": parameters, buffers and floating inputs cast to bfloat16 / float16 (what `.bfloat16()` users do);
   the original tensors are put back on exit, so the model is bit-for-bit what it was.
 - "tpu_default": the model stays float32; every matrix product (linear, matmul, bmm, einsum, convolution, addmm /
@@ -179,20 +180,40 @@ def _attention_math(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=
     return torch.matmul(weights, value)
 
 
+# Backends whose float32 products may silently use a lower precision (TF32 on CUDA/cuDNN, bf16 or TF32 through oneDNN
+# on CPU). torch >= 2.9 sets each one's `fp32_precision`; mixing that with the legacy allow_tf32 /
+# set_float32_matmul_precision API makes torch raise, so the modes only use the new API when it exists.
+_FP32_PRECISION_BACKENDS = ("cuda.matmul", "cudnn.conv", "cudnn.rnn", "mkldnn.matmul", "mkldnn.conv", "mkldnn.rnn")
+
+
 @contextlib.contextmanager
-def _no_tf32():
-    """True float32 products on CUDA for the duration (TF32 would round operands to 10 mantissa bits)."""
+def _true_fp32():
+    """Float32 products in full IEEE precision for the duration; each backend's previous setting comes back after."""
     import torch
 
-    saved = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32, torch.get_float32_matmul_precision())
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
-    torch.set_float32_matmul_precision("highest")
+    backends = []
+    for path in _FP32_PRECISION_BACKENDS:
+        backend = torch.backends
+        for part in path.split("."):
+            backend = getattr(backend, part, None)
+        if backend is not None and hasattr(backend, "fp32_precision"):
+            backends.append(backend)
+    if not backends:  # older torch: the legacy flags
+        saved = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+        try:
+            yield
+        finally:
+            torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
+        return
+    saved = [(backend, backend.fp32_precision) for backend in backends]
+    for backend in backends:
+        backend.fp32_precision = "ieee"
     try:
         yield
     finally:
-        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved[0], saved[1]
-        torch.set_float32_matmul_precision(saved[2])
+        for backend, value in saved:
+            backend.fp32_precision = value
 
 
 @contextlib.contextmanager
@@ -230,7 +251,7 @@ def precision_mode(model, mode: str):
     """Run `model` (any torch nn.Module; None is allowed for fp32 and tpu_default) in precision `mode` in the block.
 
     Yields a PrecisionHandle; for tpu_default its `.products` counts the rounded products per aten op. On exit the
-    model's parameters, buffers and the global TF32 flags are exactly what they were.
+    model's parameters, buffers and the global float32-precision settings are exactly what they were.
     """
     import torch
 
@@ -243,7 +264,7 @@ def precision_mode(model, mode: str):
         if model is not None:
             stack.enter_context(_cast_model(model, dtype))
         if mode in ("fp32", "tpu_default"):
-            stack.enter_context(_no_tf32())
+            stack.enter_context(_true_fp32())
         if mode == "tpu_default":
             decompose, round_products = _tpu_default_modes(handle)
             stack.enter_context(decompose)
