@@ -157,3 +157,27 @@ def test_wandb_gets_separate_losses_images_and_the_same_run_on_resume(tiny_vqgan
     assert [m for m in metrics if {"loss_text", "loss_img", "lr", "grad_norm", "tokens_per_s"} <= set(m)]
     samples = [data["samples"] for _, data in calls["log"] if "samples" in data]
     assert len(samples) == 2 and samples[0][0][0] == "image" and isinstance(samples[0][0][1], str)
+
+
+def test_image_text_folder_epochs_and_resume_position(tiny_vqgan, tmp_path):
+    from PIL import Image
+
+    from dalle_lab.data.shapes import ShapesDataset
+    from dalle_lab.viz.grid import to_uint8
+
+    folder = tmp_path / "data"
+    folder.mkdir()
+    shapes = ShapesDataset(length=7, seed=1)
+    for i in range(7):  # 7 pairs with batch 2: 3 full batches per epoch, the odd one out is dropped
+        image, caption = shapes[i]
+        Image.fromarray(to_uint8(image[None])[0]).save(folder / f"{i}.png")
+        (folder / f"{i}.txt").write_text(caption + "\n")
+    cfg = tiny_config(tiny_vqgan, tmp_path / "run", image_text_folder=str(folder), batch_size=2, max_steps=None,
+                      epochs=2)
+    result = train(cfg, TINY_MODEL, stop_at_step=4)
+    assert result.step == 4
+    assert torch.load(result.checkpoint_path, weights_only=True)["data_position"] == {
+        "kind": "folder", "epoch": 1, "batch": 1}
+    resumed = train(tiny_config(tiny_vqgan, tmp_path / "run", image_text_folder=str(folder), batch_size=2,
+                                max_steps=None, epochs=2, resume="latest"), TINY_MODEL)
+    assert resumed.step == 6 and resumed.stopped_because == "epochs"

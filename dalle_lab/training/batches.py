@@ -76,14 +76,12 @@ class FolderBatches:
         self._iterator = iter(loader)
 
     def next_batch(self):
-        if self.batch_in_epoch >= self.batches_per_epoch:
-            self.epoch += 1
-            self.batch_in_epoch = 0
-            self._iterator = None
         if self._iterator is None:
             self._start_epoch()
         batch = next(self._iterator)
         self.batch_in_epoch += 1
+        if self.batch_in_epoch == self.batches_per_epoch:  # count the epoch as done now, so --epochs stops here
+            self.epoch, self.batch_in_epoch, self._iterator = self.epoch + 1, 0, None
         return batch
 
 
