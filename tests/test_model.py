@@ -259,3 +259,15 @@ def test_attention_maps_shape_and_normalisation():
     # the explicit path used for the maps computes the same function as SDPA
     full = model._hidden(model._text_ids(text), image[:, :-1], return_attention=True)[0]
     torch.testing.assert_close(full, model._hidden(model._text_ids(text), image[:, :-1])[0], atol=1e-5, rtol=1e-5)
+
+
+def test_bfloat16_autocast_training_step_matches_float32():
+    model = tiny_dalle().eval()
+    text, image = batch()
+    reference = model(text, image, return_loss=True).loss
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = model(text, image, return_loss=True)
+    torch.testing.assert_close(out.loss, reference, atol=0.05, rtol=0.02)
+    out.loss.backward()
+    grad = model.transformer.layers[0].attn.to_qkv.weight.grad
+    assert grad is not None and torch.isfinite(grad).all() and grad.abs().sum() > 0
