@@ -69,3 +69,24 @@ def test_dead_codes_restart_from_recent_encoder_outputs():
 def test_usage_stats():
     stats = usage_stats(torch.tensor([5, 5, 0, 0]))
     assert stats["codes_used"] == 2 and stats["usage"] == 0.5 and abs(stats["perplexity"] - 2) < 1e-5
+
+
+class _ToyPerceptual(torch.nn.Module):
+    """Stands in for a user's TorchScript LPIPS: any module (x, y) -> per-image distance."""
+
+    def forward(self, x, y):
+        return (x - y).abs().mean(dim=(1, 2, 3))
+
+
+def test_discriminator_and_user_lpips_terms_train_and_resume(tmp_path):
+    lpips_path = tmp_path / "lpips.pt2"
+    torch.export.save(torch.export.export(_ToyPerceptual(), (torch.rand(2, 3, 16, 16), torch.rand(2, 3, 16, 16)),
+                                          dynamic_shapes=({0: torch.export.Dim("batch")}, {0: torch.export.Dim("batch")})),
+                      str(lpips_path))
+    options = dict(TINY, disc_weight=0.1, disc_start=1, lpips_path=str(lpips_path), out_dir=str(tmp_path / "run"))
+    first = train_vae(VAETrainConfig(steps=3, **options))
+    state = torch.load(first["last"], weights_only=True)["state_dict"]
+    assert any(k.startswith("loss.discriminator.") for k in state)  # stored like published checkpoints
+    assert not any(k.startswith("loss.") for k in torch.load(first["checkpoint"], weights_only=True)["state_dict"])
+    assert VQGanVAE(first["last"], first["config"]).num_tokens == 32  # loader drops the loss weights
+    assert train_vae(VAETrainConfig(steps=4, **options))["steps_this_run"] == 1
