@@ -49,8 +49,8 @@ def build_reward(args, image_size: int, precision: str):
                                    num_hidden_layers=args.clip_layers, num_attention_heads=args.clip_width // 64,
                                    image_size=image_size, patch_size=args.clip_patch,
                                    initializer_factor=args.clip_init_factor)
-    scorer = AestheticScorer(random_clip_vision(config, seed=args.clip_seed), head=AestheticHead.from_file(args.head_path),
-                             precision=precision)
+    scorer = AestheticScorer(random_clip_vision(config, seed=args.clip_seed),
+                             head=AestheticHead.from_file(args.head_path), precision=precision)
 
     def reward(images, prompts=None):
         return scorer(images)

@@ -15,7 +15,7 @@ ASSETS = Path(os.environ.get("DALLE_LAB_AESTHETIC_ASSETS",
                              Path(__file__).resolve().parents[2] / "shared" / "assets" / "aesthetic"))
 HEAD = ASSETS / "sac+logos+ava1-l14-linearMSE.pth"
 EMBEDDINGS = ASSETS / "vit_l_14_embeddings"
-pytestmark = pytest.mark.skipif(not HEAD.is_file(), reason=f"real LAION head not present at {HEAD}")
+needs_assets = pytest.mark.skipif(not HEAD.is_file(), reason=f"real LAION head not present at {HEAD}")
 
 
 @pytest.fixture(scope="module")
@@ -55,6 +55,7 @@ def test_score_bound_covers_any_affine_head_change():
     assert bound.max() > 0 and parity.score_bound(1.0, [1.0])[0] == 0.0
 
 
+@needs_assets
 def test_head_only_parity_on_the_real_rating_embeddings():
     embeddings, names = parity.load_embedding_folder(EMBEDDINGS)
     assert names == [f"rating{i}" for i in range(10)]  # natural order, not rating0, rating1, rating10...
@@ -68,6 +69,7 @@ def test_head_only_parity_on_the_real_rating_embeddings():
         assert 0 < result["score_abs_diff_max"] < 0.05, mode
 
 
+@needs_assets
 def test_encoder_parity_reports_cosines_layers_and_a_bound_that_holds(tiny_clip_dir, image_folder):
     scorer = AestheticScorer(tiny_clip_dir, head_path=HEAD)
     images, names = parity.load_image_folder(image_folder)
@@ -87,6 +89,7 @@ def test_encoder_parity_reports_cosines_layers_and_a_bound_that_holds(tiny_clip_
     assert report["modes"]["tpu_default"]["summary"]["products_rounded_per_batch"] == 8 * 2 + 2 + 5
 
 
+@needs_assets
 def test_parity_command_writes_json_markdown_and_png(tiny_clip_dir, image_folder, tmp_path):
     from PIL import Image
 
@@ -107,6 +110,7 @@ def test_parity_command_writes_json_markdown_and_png(tiny_clip_dir, image_folder
     assert report["clip"].startswith("CLIP from")
 
 
+@needs_assets
 def test_parity_command_says_plainly_when_clip_weights_are_random(tmp_path):
     from PIL import Image
 
@@ -122,6 +126,7 @@ def test_parity_command_says_plainly_when_clip_weights_are_random(tmp_path):
     assert "RANDOM" in saved["clip"] and len(saved["encoder"]["modes"]["tpu_default"]["per_layer"]["cosine_mean"]) == 2
 
 
+@needs_assets
 def test_parity_command_refuses_to_run_on_nothing():
     from dalle_lab.align.parity_cli import main
 
@@ -129,6 +134,7 @@ def test_parity_command_refuses_to_run_on_nothing():
         main(["--head_path", str(HEAD)])
 
 
+@needs_assets
 def test_reward_gap_scores_a_fraction_in_fp32_and_restores_the_reward(tiny_clip_dir):
     from dalle_lab.align.rewards import aesthetic
 
@@ -164,6 +170,7 @@ def test_reward_gap_needs_a_model_to_cast_and_warns_past_thresholds():
     assert reward_gap_warning(dict(shuffled, n=4)) is None  # too few images to trust a rank correlation
 
 
+@needs_assets
 def test_parity_command_on_images_sampled_by_a_dalle_checkpoint(tiny_clip_dir, tmp_path):
     from dalle_lab.align.parity_cli import main
     from dalle_lab.training.config import TrainConfig

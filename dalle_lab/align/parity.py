@@ -107,11 +107,13 @@ def encoder_parity(scorer, images, modes=DEFAULT_MODES, names=None, batch_size: 
     for mode, result in per_mode.items():
         report["modes"][mode] = _summarise(names, fp32_scores, result, weight_norm)
     # do two low precisions agree with each other? (a bf16 cast against emulated TPU products: similar, not equal)
-    report["between_modes"] = {
-        f"{a} vs {b}": {"cosine_mean": float(pair_cosine[(a, b)].mean()), "cosine_min": float(pair_cosine[(a, b)].min()),
-                        "spearman": spearman(per_mode[a]["score"], per_mode[b]["score"]),
-                        "score_abs_diff_mean": float(np.abs(per_mode[a]["score"] - per_mode[b]["score"]).mean())}
-        for a, b in pairs}
+    report["between_modes"] = {}
+    for a, b in pairs:
+        cosine = pair_cosine[(a, b)]
+        report["between_modes"][f"{a} vs {b}"] = {
+            "cosine_mean": float(cosine.mean()), "cosine_min": float(cosine.min()),
+            "spearman": spearman(per_mode[a]["score"], per_mode[b]["score"]),
+            "score_abs_diff_mean": float(np.abs(per_mode[a]["score"] - per_mode[b]["score"]).mean())}
     return report
 
 
@@ -231,7 +233,8 @@ def markdown_report(report: dict) -> str:
         lines += [f"## Head only, on {len(head['embeddings'])} given CLIP embeddings", "",
                   f"float32 scores: {', '.join(f'{v:.3f}' for v in head['fp32_scores'])} "
                   f"(increasing: {head['fp32_monotone']})", "",
-                  "| mode | max abs score diff | mean abs score diff | Spearman | still increasing |", "|---|---|---|---|---|"]
+                  "| mode | max abs score diff | mean abs score diff | Spearman | still increasing |",
+                  "|---|---|---|---|---|"]
         for mode, result in head["modes"].items():
             lines.append(f"| {mode} | {_fmt(result['score_abs_diff_max'], 5)} | "
                          f"{_fmt(result['score_abs_diff_mean'], 5)} | {_fmt(result['spearman'], 3)} | "
@@ -331,11 +334,17 @@ def load_embedding_folder(folder):
     """(N, D) float32 embeddings from the .npy files of `folder` (each (D,) or (k, D)), sorted naturally by name."""
     import re
 
+    def natural(path):  # rating2 before rating10
+        return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", path.name)]
+
     folder = Path(folder)
-    files = sorted(folder.glob("*.npy"), key=lambda p: [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", p.name)])
+    files = sorted(folder.glob("*.npy"), key=natural)
     if not files:
         raise ValueError(f"no .npy embedding files in {folder}")
-    arrays = [np.load(file).astype(np.float32).reshape(-1, np.load(file).shape[-1]) for file in files]
+    arrays = []
+    for file in files:
+        array = np.load(file).astype(np.float32)
+        arrays.append(array.reshape(-1, array.shape[-1]))
     names = [file.stem if len(a) == 1 else f"{file.stem}[{i}]" for file, a in zip(files, arrays) for i in range(len(a))]
     return torch.from_numpy(np.concatenate(arrays)), names
 
