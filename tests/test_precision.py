@@ -130,6 +130,21 @@ def test_tpu_default_intercepts_every_product_of_a_tiny_clip(attn_implementation
     assert count_matrix_products(model, pixel_values=torch.rand(2, 3, 32, 32)) == known
 
 
+def test_tpu_default_gives_the_same_clip_embeddings_through_fused_and_eager_attention():
+    # the same weights: sdpa (decomposed by the mode, query scaled first, as in Flax) and eager (scaled after the
+    # product); with a power-of-two scale the rounded products agree exactly, so only summation order differs
+    sdpa, eager = _tiny_clip("sdpa"), _tiny_clip("eager")
+    pixels = torch.rand(2, 3, 32, 32)
+    with torch.no_grad():
+        exact = sdpa(pixel_values=pixels).image_embeds
+        with precision_mode(None, "tpu_default"):
+            through_sdpa = sdpa(pixel_values=pixels).image_embeds
+            through_eager = eager(pixel_values=pixels).image_embeds
+    emulation_gap = (through_sdpa - through_eager).abs().max()
+    assert emulation_gap < 1e-5
+    assert (through_sdpa - exact).abs().max() > 20 * emulation_gap
+
+
 def test_tpu_default_changes_clip_embeddings_a_little_and_gradients_still_flow():
     model = _tiny_clip()
     pixels = torch.rand(2, 3, 32, 32, requires_grad=True)
