@@ -37,7 +37,7 @@ def test_save_attention_maps_writes_pngs(tmp_path):
         save_attention_maps(model, text, image, ["a", "red"], tmp_path / "bad")
 
 
-def test_relative_maps_sum_to_one_per_cell(tmp_path):
+def test_relative_option_writes_the_same_files(tmp_path):
     pytest.importorskip("matplotlib")
     torch.manual_seed(0)
     model = DALLE(**TINY).eval()
