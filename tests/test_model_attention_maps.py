@@ -45,3 +45,23 @@ def test_relative_option_writes_the_same_files(tmp_path):
     image = torch.randint(0, 20, (1, 9))
     paths = save_attention_maps(model, text, image, None, tmp_path, relative=True)
     assert len(paths) == 3 and all(p.exists() for p in paths)
+
+
+def test_caption_attention_maps_tokenizes_generates_and_labels(tmp_path):
+    pytest.importorskip("matplotlib")
+    from dalle_lab.viz.attention import caption_attention_maps
+
+    class WordTokenizer:  # the tokenizer contract: tokenize(texts, context_length, truncate_text), decode(ids)
+        words = ["<pad>", "a", "red", "circle"]
+
+        def tokenize(self, texts, context_length, truncate_text=False):
+            ids = [self.words.index(w) for w in texts[0].split()]
+            return torch.tensor([ids + [0] * (context_length - len(ids))])
+
+        def decode(self, ids):
+            return " ".join(self.words[i] for i in ids)
+
+    torch.manual_seed(0)
+    model = DALLE(**TINY).eval()
+    paths = caption_attention_maps(model, WordTokenizer(), "a red circle", tmp_path, top_k=3)
+    assert [p.name for p in paths] == ["attention_mean.png", "attention_layer0.png", "attention_layer1.png"]

@@ -135,3 +135,16 @@ def _save(fig, path: Path) -> Path:
     fig.savefig(tmp, bbox_inches="tight")
     os.replace(tmp, path)
     return path
+
+
+def caption_attention_maps(dalle, tokenizer, caption: str, out_dir, image_tokens: torch.Tensor | None = None,
+                           relative: bool = False, truncate_text: bool = False, **generate_kwargs) -> list[Path]:
+    """Convenience for command lines: tokenize `caption`, generate one image for it (unless image_tokens (1, N) is
+    given; generate_kwargs go to generate_images, e.g. top_k, temperature, cond_scale, generator), label each
+    token with tokenizer.decode, and write the heatmaps into out_dir. Returns the PNG paths."""
+    device = next(dalle.parameters()).device
+    text = tokenizer.tokenize([caption], dalle.config.text_seq_len, truncate_text=truncate_text).to(device)
+    if image_tokens is None:
+        image_tokens = dalle.generate_images(text, return_tokens=True, **generate_kwargs)
+    labels = [tokenizer.decode([int(i)]) for i in text[0] if int(i) != 0]
+    return save_attention_maps(dalle, text, image_tokens.to(device), labels, out_dir, relative=relative)
