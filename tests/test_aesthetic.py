@@ -197,3 +197,27 @@ def test_openai_clip_state_dict_converts_to_the_same_encoder(tmp_path):
         torch.testing.assert_close(converted(pixel_values=pixels).image_embeds, openai(pixels), atol=1e-4, rtol=1e-4)
     with pytest.raises(ValueError, match="OpenAI CLIP ViT"):
         clip_vision_from_openai_state_dict({"conv1.weight": torch.zeros(1)})
+
+
+def test_openai_torchscript_archive_loads_too(tmp_path):
+    """OpenAI's released ViT-L-14.pt files are TorchScript archives of the whole CLIP (visual.* inside)."""
+    import warnings
+
+    class OpenAICLIP(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.visual = OpenAIVisionTransformer()
+            self.logit_scale = nn.Parameter(torch.tensor(4.6))
+
+        def forward(self, pixels):
+            return self.visual(pixels)
+
+    torch.manual_seed(3)
+    model = OpenAICLIP().eval()
+    pixels = torch.randn(1, 3, 32, 32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch.jit.trace is deprecated, but it is how those archives were made
+        torch.jit.save(torch.jit.trace(model, pixels), tmp_path / "ViT-tiny-jit.pt")
+        converted = load_clip_vision(tmp_path / "ViT-tiny-jit.pt")
+    with torch.no_grad():
+        torch.testing.assert_close(converted(pixel_values=pixels).image_embeds, model(pixels), atol=1e-4, rtol=1e-4)
