@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 
 PRECISION_MODES = ("fp32", "bf16", "fp16", "tpu_default")
 
-# aten products whose float32 operands tpu_default rounds: op name -> positions of the two multiplied operands.
+# aten products whose float32 operands tpu_default rounds: op name -> positions of the multiplied operands.
 # Bias / accumulator inputs (addmm's first argument, a conv bias) are added in float32 and left alone, as on a TPU.
 _PRODUCT_OPERANDS = {
     "mm": (0, 1),
@@ -90,13 +90,6 @@ def round_to_bf16(tensor):
     return tensor.to(torch.bfloat16).to(torch.float32)
 
 
-def bf16_emulated_matmul(a, b):
-    """`a @ b` as a TPU computes it at DEFAULT precision: bfloat16-rounded operands, float32 products and sums."""
-    import torch
-
-    return torch.matmul(round_to_bf16(a), round_to_bf16(b))
-
-
 @dataclass
 class PrecisionHandle:
     """What a `precision_mode` block did: the mode and, for tpu_default, the products it rounded, by aten op."""
@@ -135,10 +128,12 @@ def _tpu_default_modes(handle: PrecisionHandle):
             name = func._schema.name.split("::", 1)[-1]
             operands = _PRODUCT_OPERANDS.get(name)
             if operands is not None and any(
-                    isinstance(args[i], torch.Tensor) and args[i].dtype == torch.float32 for i in operands):
+                    i < len(args) and isinstance(args[i], torch.Tensor) and args[i].dtype == torch.float32
+                    for i in operands):
                 args = list(args)
                 for i in operands:
-                    args[i] = round_to_bf16(args[i])
+                    if i < len(args) and isinstance(args[i], torch.Tensor):
+                        args[i] = round_to_bf16(args[i])
                 handle.products[name] += 1
                 return func(*args, **kwargs)
             if name in _FUSED_PRODUCT_OPS:
