@@ -106,12 +106,12 @@ def test_cached_run_of_other_settings_is_refused(finished_study):
     config, _, _ = finished_study
     other = lw.StudyConfig(**{**config.__dict__, "steps": 5})
     with pytest.raises(ValueError, match="--runs_dir"):
-        lw.run_one(other, lw.Setting(1.0, 16), 0, (config.vqgan_model_path, config.vqgan_config_path))
+        lw.run_one(other, lw.Setting(1.0, 16), 0, lw.resolve_image_tokenizer(other))
 
 
 def test_an_interrupted_run_resumes_from_its_checkpoint(tiny_vqgan, tmp_path):
     config = tiny_study(tiny_vqgan, tmp_path, seeds=1, loss_img_weights=(7.0,), text_seq_lens=(16,))
-    paths = (config.vqgan_model_path, config.vqgan_config_path)
+    paths = lw.resolve_image_tokenizer(config)
     setting = lw.Setting(7.0, 16)
     lw.run_one(config, setting, 0, paths)
     directory = lw.run_dir(config, setting, 0)

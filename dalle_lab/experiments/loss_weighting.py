@@ -29,6 +29,8 @@ from .shapes_eval import EvalSettings
 RESULT_FILE = "result.json"
 SAMPLES_FILE = "samples.npz"  # a few generated images per split (uint8), for the report's sample figure
 SAMPLES_KEPT = 8
+IMAGE_TOKENIZERS = ("default", "patch")
+PATCH_TOKENIZER_FILE = "patch_tokenizer.pt"
 
 
 @dataclass(frozen=True)
@@ -72,7 +74,10 @@ class StudyConfig:
     # files
     out_dir: str = "reports/loss_weighting"
     runs_dir: str = "runs/loss_weighting"
-    vqgan_model_path: str | None = None  # None (with no config path): the default Shapes image tokenizer
+    # the image tokenizer: "default" = dalle_lab.vae.default_vae() (the shipped Shapes VQGAN), "patch" = a k-means
+    # patch codebook fit in seconds (patch_tokenizer.py), for when the VQGAN is not available; VQGAN paths override
+    image_tokenizer: str = "default"
+    vqgan_model_path: str | None = None
     vqgan_config_path: str | None = None
     bpe_path: str | None = None  # None: the shipped vocabulary
     note: str | None = None  # a paragraph put at the top of the report (e.g. how this run departed from defaults)
@@ -102,6 +107,8 @@ class StudyConfig:
             raise ValueError("give at least one --loss_img_weights value and one --text_seq_lens value")
         if self.steps < 1 or self.batch_size < 1 or self.workers < 1 or self.threads < 1:
             raise ValueError("--steps, --batch_size, --workers and --threads must be positive")
+        if self.image_tokenizer not in IMAGE_TOKENIZERS:
+            raise ValueError(f"--image_tokenizer must be one of {IMAGE_TOKENIZERS}, got {self.image_tokenizer!r}")
         if (self.vqgan_model_path is None) != (self.vqgan_config_path is None):
             raise ValueError("give both --vqgan_model_path (.ckpt) and --vqgan_config_path (.yaml), or neither for "
                              "the default Shapes image tokenizer")
@@ -157,7 +164,7 @@ def final_train_losses(curves: dict, fraction: float = 0.1) -> dict:
         "from_step": curves["step"][-count] if curves["step"] else None}
 
 
-def run_one(config: StudyConfig, setting: Setting, seed: int, vae_paths: tuple[str, str]) -> dict:
+def run_one(config: StudyConfig, setting: Setting, seed: int, image_tokenizer: dict) -> dict:
     """Train and evaluate one (setting, seed), or return its cached result. Runs in a worker process."""
     import numpy as np
     import torch
@@ -167,7 +174,6 @@ def run_one(config: StudyConfig, setting: Setting, seed: int, vae_paths: tuple[s
     from dalle_lab.training.config import TrainConfig
     from dalle_lab.training.loop import train
     from dalle_lab.utils import atomic_write, pick_device
-    from dalle_lab.vae import VQGanVAE
     from dalle_lab.viz.grid import to_uint8
 
     from .shapes_eval import evaluate_model
@@ -175,7 +181,7 @@ def run_one(config: StudyConfig, setting: Setting, seed: int, vae_paths: tuple[s
     torch.set_num_threads(config.threads)
     directory = run_dir(config, setting, seed)
     tokenizer = get_tokenizer(config.bpe_path)
-    vae = VQGanVAE(*vae_paths)
+    vae = load_image_tokenizer(image_tokenizer)
     identity = run_identity(config, setting, seed, vae.identity, tokenizer.identity)
     cached = load_cached(directory / RESULT_FILE, identity)
     if cached is not None:
@@ -184,7 +190,7 @@ def run_one(config: StudyConfig, setting: Setting, seed: int, vae_paths: tuple[s
 
     latest = directory / "dalle.pt"
     train_config = TrainConfig(
-        vqgan_model_path=vae_paths[0], vqgan_config_path=vae_paths[1], bpe_path=config.bpe_path,
+        bpe_path=config.bpe_path,  # the image tokenizer is passed as an object below
         max_steps=config.steps, batch_size=config.batch_size, learning_rate=config.learning_rate,
         warmup_steps=config.warmup_steps, amp=config.amp, device=config.device, seed=seed,
         output_dir=str(directory), save_every_n_steps=config.save_every_n_steps, keep_n_checkpoints=1,
@@ -220,10 +226,10 @@ def run_one(config: StudyConfig, setting: Setting, seed: int, vae_paths: tuple[s
     return result
 
 
-def _run_one_safely(config, setting, seed, vae_paths):
+def _run_one_safely(config, setting, seed, image_tokenizer):
     """Worker entry: a failed run is reported, not fatal to the others."""
     try:
-        return run_one(config, setting, seed, vae_paths), None
+        return run_one(config, setting, seed, image_tokenizer), None
     except Exception as error:  # noqa: BLE001 (reported with its type; the study goes on)
         import traceback
 
@@ -232,14 +238,32 @@ def _run_one_safely(config, setting, seed, vae_paths):
 
 # ------------------------------------------------------------------------------------------------ the study
 
-def resolve_vae_paths(config: StudyConfig) -> tuple[str, str]:
-    """The image tokenizer's (ckpt, yaml), resolved once in the parent so workers never train one concurrently."""
+def resolve_image_tokenizer(config: StudyConfig) -> dict:
+    """Which image tokenizer the runs load, as a small picklable spec. Resolved once in the parent, so worker
+    processes never train or fit one at the same time."""
     if config.vqgan_model_path:
-        return str(config.vqgan_model_path), str(config.vqgan_config_path)
+        return {"kind": "vqgan", "paths": [str(config.vqgan_model_path), str(config.vqgan_config_path)]}
+    if config.image_tokenizer == "patch":
+        from .patch_tokenizer import fit_patch_tokenizer
+
+        path = Path(config.runs_dir) / PATCH_TOKENIZER_FILE
+        if not path.is_file():
+            fit_patch_tokenizer(path)
+        return {"kind": "patch", "path": str(path)}
     from dalle_lab.vae import default_vae
 
     identity = default_vae().identity
-    return str(identity["model_path"]), str(identity["config_path"])
+    return {"kind": "vqgan", "paths": [str(identity["model_path"]), str(identity["config_path"])]}
+
+
+def load_image_tokenizer(spec: dict):
+    if spec["kind"] == "patch":
+        from .patch_tokenizer import PatchCodebookTokenizer
+
+        return PatchCodebookTokenizer.load(spec["path"])
+    from dalle_lab.vae import VQGanVAE
+
+    return VQGanVAE(*spec["paths"])
 
 
 def collect_cached(config: StudyConfig) -> list[dict]:
@@ -259,7 +283,7 @@ def run_study(config: StudyConfig, log=print, report_every_s: float = 60.0) -> d
     from .loss_weighting_report import write_report
 
     config.check()
-    vae_paths = resolve_vae_paths(config)
+    image_tokenizer = resolve_image_tokenizer(config)
     tasks = config.tasks()
     results, failures = [], []
     started = last_report = time.monotonic()
@@ -284,14 +308,14 @@ def run_study(config: StudyConfig, log=print, report_every_s: float = 60.0) -> d
 
     if config.workers == 1:
         for task in tasks:
-            finished(task, _run_one_safely(config, *task, vae_paths))
+            finished(task, _run_one_safely(config, *task, image_tokenizer))
     else:
         import multiprocessing
         from concurrent.futures import ProcessPoolExecutor, as_completed
 
         # spawn: a fresh interpreter per worker (no forked torch thread pools), threads set per run
         with ProcessPoolExecutor(config.workers, mp_context=multiprocessing.get_context("spawn")) as pool:
-            futures = {pool.submit(_run_one_safely, config, *task, vae_paths): task for task in tasks}
+            futures = {pool.submit(_run_one_safely, config, *task, image_tokenizer): task for task in tasks}
             for future in as_completed(futures):
                 finished(futures[future], future.result())
     report = write_report(config, results, len(tasks), failures)
@@ -329,7 +353,10 @@ def build_parser() -> argparse.ArgumentParser:
     files = p.add_argument_group("files")
     files.add_argument("--out_dir", default=d.out_dir, help="the report: README.md, results.json, PNG plots")
     files.add_argument("--runs_dir", default=d.runs_dir, help="checkpoints, metrics and cached results per run")
-    files.add_argument("--vqgan_model_path", default=None, help="default: the default Shapes image tokenizer")
+    files.add_argument("--image_tokenizer", choices=IMAGE_TOKENIZERS, default=d.image_tokenizer,
+                       help="default: the shipped Shapes VQGAN; patch: a k-means patch codebook fit in seconds "
+                            "(a stand-in while no VQGAN is available)")
+    files.add_argument("--vqgan_model_path", default=None, help="a taming VQGAN instead (with --vqgan_config_path)")
     files.add_argument("--vqgan_config_path", default=None)
     files.add_argument("--bpe_path", default=None, help="default: the shipped vocabulary")
     run = p.add_argument_group("execution")

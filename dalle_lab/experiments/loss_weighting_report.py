@@ -286,6 +286,8 @@ def command_flags(config) -> str:
             flags.append(f"--{name} {getattr(config, name)}")
     if config.amp:
         flags.append("--amp")
+    if config.image_tokenizer != default.image_tokenizer and not config.vqgan_model_path:
+        flags.append(f"--image_tokenizer {config.image_tokenizer}")
     for name in ("loss_img_weights", "text_seq_lens"):
         if tuple(getattr(config, name)) != tuple(getattr(default, name)):
             flags.append(f"--{name} " + " ".join(f"{v:g}" for v in getattr(config, name)))
