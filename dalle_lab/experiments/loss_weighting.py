@@ -61,10 +61,10 @@ class StudyConfig:
     heads: int = 4
     dim_head: int = 32
     # training (TrainConfig fields)
-    steps: int = 500
+    steps: int = 250
     batch_size: int = 32
     learning_rate: float = 1e-3
-    warmup_steps: int = 50
+    warmup_steps: int = 25
     amp: bool = False
     device: str = "auto"
     log_every_n_steps: int = 5  # loss-curve resolution
