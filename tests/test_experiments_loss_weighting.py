@@ -109,6 +109,17 @@ def test_cached_run_of_other_settings_is_refused(finished_study):
         lw.run_one(other, lw.Setting(1.0, 16), 0, lw.resolve_image_tokenizer(other))
 
 
+def test_an_interrupted_run_of_other_settings_is_not_continued(tiny_vqgan, tmp_path):
+    config = tiny_study(tiny_vqgan, tmp_path, seeds=1, loss_img_weights=(7.0,), text_seq_lens=(16,))
+    spec = lw.resolve_image_tokenizer(config)
+    setting = lw.Setting(7.0, 16)
+    lw.run_one(config, setting, 0, spec)
+    (lw.run_dir(config, setting, 0) / lw.RESULT_FILE).unlink()  # killed before finishing, checkpoint left
+    longer = lw.StudyConfig(**{**config.__dict__, "steps": 6})
+    with pytest.raises(ValueError, match="other settings"):
+        lw.run_one(longer, setting, 0, spec)
+
+
 def test_an_interrupted_run_resumes_from_its_checkpoint(tiny_vqgan, tmp_path):
     config = tiny_study(tiny_vqgan, tmp_path, seeds=1, loss_img_weights=(7.0,), text_seq_lens=(16,))
     paths = lw.resolve_image_tokenizer(config)

@@ -128,16 +128,18 @@ def run_identity(config: StudyConfig, setting: Setting, seed: int, vae_identity:
             "tokenizer_sha256": tokenizer_identity.get("sha256")}
 
 
-def load_cached(path: Path, identity: dict) -> dict | None:
-    """The finished result at `path` if it was made with `identity`; None if there is none; an error if it differs
-    (a study's directory must not silently mix runs of different settings)."""
+def load_cached(path: Path, identity: dict, key: str | None = "identity") -> dict | None:
+    """The JSON at `path` (a finished result, or with key=None a started run's identity) if it was made with
+    `identity`; None if there is none; an error if it differs (a study's directory must not silently mix runs of
+    different settings)."""
     if not path.is_file():
         return None
-    result = json.loads(path.read_text())
-    if _normalise(result.get("identity")) != _normalise(identity):
-        raise ValueError(f"{path} holds a run made with other settings ({result.get('identity')}) than this study's "
+    stored = json.loads(path.read_text())
+    recorded = stored.get(key) if key else stored
+    if _normalise(recorded) != _normalise(identity):
+        raise ValueError(f"{path} holds a run made with other settings ({recorded}) than this study's "
                          f"({identity}); pass another --runs_dir (and --out_dir), or delete {path.parent} to redo it")
-    return result
+    return stored
 
 
 def _normalise(value):
@@ -188,7 +190,13 @@ def run_one(config: StudyConfig, setting: Setting, seed: int, image_tokenizer: d
         cached["cached"] = True
         return cached
 
+    # a killed run is continued only by the same settings (its checkpoint alone would not say, e.g., the step budget)
+    started_with = directory / "identity.json"
     latest = directory / "dalle.pt"
+    if latest.is_file():
+        load_cached(started_with, identity, key=None)
+    directory.mkdir(parents=True, exist_ok=True)
+    atomic_write(started_with, lambda tmp: Path(tmp).write_text(json.dumps(identity, indent=1)))
     train_config = TrainConfig(
         bpe_path=config.bpe_path,  # the image tokenizer is passed as an object below
         max_steps=config.steps, batch_size=config.batch_size, learning_rate=config.learning_rate,
