@@ -19,6 +19,8 @@ REFERENCE = dict(dim=256, depth=4, heads=8, dim_head=32, num_text_tokens=1000, t
                  num_image_tokens=512, image_fmap_size=16)
 # Fields the peer takes from the image tokenizer instead of as keyword arguments.
 _GRID_FIELDS = ("num_image_tokens", "image_fmap_size")
+# Values dalle-pytorch 1.6.6 hard-codes instead of taking as DALLE arguments.
+_PEER_FIXED = {"ff_mult": 4}
 
 
 @dataclass
@@ -110,6 +112,8 @@ def peer_kwargs(config: dict, variant: str) -> tuple[dict, list]:
             continue
         if key in accepted:
             kwargs[key] = value
+        elif key in _PEER_FIXED and _PEER_FIXED[key] == value:
+            continue  # the peer hard-codes the same value
         else:
             unmapped.append(f"{key}={value!r}")
     if variant == "plain":  # like-with-like against a model without rotary embeddings or token shift

@@ -7,6 +7,10 @@ one line `RESULT {json}` at the end. Tasks:
   info      parameter counts and the sampler's effective top-k at filter_thres
   train     median seconds per training step (forward, backward, AdamW step) -> tokens/s; --dtype bf16 = autocast
   generate  median seconds to generate --batch images (token ids, no pixel decoding), with or without the cache
+
+Both wall-clock and CPU time (all threads of the process) are recorded. On cores shared with other jobs the wall
+time includes waiting for a core; the CPU time mostly does not, so CPU-time ratios are the steadier comparison there
+(on an idle machine the wall time is the one users feel).
 """
 from __future__ import annotations
 
@@ -80,15 +84,17 @@ def measure_train(bench, batch: int, dtype: str, warmup: int, steps: int) -> dic
 
     losses = [step() for _ in range(warmup)]
     rss_warm = peak_rss_mb()
-    times = []
+    times, cpu_times = [], []
     for _ in range(steps):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         losses.append(step())
         times.append(time.perf_counter() - t0)
+        cpu_times.append(time.process_time() - c0)
     seconds = statistics.median(times)  # median: robust to another job's burst on the shared cores
     tokens = batch * (bench.text_seq_len + bench.image_seq_len)
     return dict(s_per_step=seconds, step_times=times, tokens_per_step=tokens, tokens_per_s=tokens / seconds,
-                losses=losses, rss_after_warmup_mb=rss_warm)
+                cpu_s_per_step=statistics.median(cpu_times), step_cpu_times=cpu_times, losses=losses,
+                rss_after_warmup_mb=rss_warm)
 
 
 def measure_generate(bench, batch: int, use_cache: bool, filter_thres: float, reps: int) -> dict:
@@ -109,18 +115,20 @@ def measure_generate(bench, batch: int, use_cache: bool, filter_thres: float, re
 
     hook = stack.register_forward_pre_hook(record) if isinstance(stack, torch.nn.Module) else None
 
-    times = []
+    times, cpu_times = [], []
     for rep in range(reps):
         torch.manual_seed(rep)
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         out = bench.generate(text, use_cache=use_cache, filter_thres=filter_thres)
         times.append(time.perf_counter() - t0)
+        cpu_times.append(time.process_time() - c0)
     if hook is not None:
         hook.remove()
     tokens = out[1] if isinstance(out, tuple) else out
     assert tokens.shape[-1] >= bench.image_seq_len, f"generation returned {tuple(tokens.shape)}"
     seconds = statistics.median(times)
-    result = dict(s_per_batch=seconds, times=times, batch=batch, image_seq_len=bench.image_seq_len,
+    result = dict(s_per_batch=seconds, times=times, cpu_s_per_batch=statistics.median(cpu_times),
+                  cpu_times=cpu_times, batch=batch, image_seq_len=bench.image_seq_len,
                   images_per_s=batch / seconds, ms_per_token_step=1000 * seconds / bench.image_seq_len,
                   image_tokens_per_s=batch * bench.image_seq_len / seconds, s_per_image=seconds / batch)
     if lengths:
