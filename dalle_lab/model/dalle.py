@@ -110,7 +110,7 @@ class DALLE(nn.Module):
             raise ValueError(f"text token ids must be in [0, num_text_tokens={cfg.num_text_tokens}), got [{low}, "
                              f"{high}]: the tokenizer's vocab is larger than the model's num_text_tokens; build the "
                              "model with num_text_tokens=tokenizer.vocab_size")
-        return text
+        return text.long()
 
     def image_tokens(self, image: torch.Tensor) -> torch.Tensor:
         """Pixels (B, 3, H, W) in [0, 1] -> token ids through the vae; token ids (B, n) pass through (checked)."""
@@ -127,7 +127,7 @@ class DALLE(nn.Module):
         if image.numel() and (int(image.min()) < 0 or int(image.max()) >= cfg.num_image_tokens):
             raise ValueError(f"image token ids must be in [0, num_image_tokens={cfg.num_image_tokens}), got "
                              f"[{int(image.min())}, {int(image.max())}]: wrong image tokenizer?")
-        return image
+        return image.long()
 
     def _text_ids(self, text: torch.Tensor) -> torch.Tensor:
         """Raw text (0 = pad) -> ids with position-specific pad ids."""
