@@ -271,3 +271,19 @@ def test_bfloat16_autocast_training_step_matches_float32():
     out.loss.backward()
     grad = model.transformer.layers[0].attn.to_qkv.weight.grad
     assert grad is not None and torch.isfinite(grad).all() and grad.abs().sum() > 0
+
+
+def test_overfits_a_tiny_batch_and_then_generates_it():
+    model = tiny_dalle(seed=3).train()
+    text, image = batch(b=2)
+    opt = torch.optim.Adam(model.parameters(), lr=3e-3)
+    first = None
+    for _ in range(60):
+        loss = model(text, image, return_loss=True).loss
+        first = first if first is not None else loss.item()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    assert loss.item() < 0.2 * first
+    tokens = model.generate_images(text, top_k=1, return_tokens=True)  # greedy decoding recalls the memorised image
+    assert (tokens == image).float().mean() > 0.9
