@@ -90,3 +90,22 @@ def test_discriminator_and_user_lpips_terms_train_and_resume(tmp_path):
     assert not any(k.startswith("loss.") for k in torch.load(first["checkpoint"], weights_only=True)["state_dict"])
     assert VQGanVAE(first["last"], first["config"]).num_tokens == 32  # loader drops the loss weights
     assert train_vae(VAETrainConfig(steps=4, **options))["steps_this_run"] == 1
+
+
+def test_finite_datasets_are_read_in_seeded_epochs_and_resume_at_the_same_batch():
+    from dalle_lab.vae.train import image_batches
+
+    class Numbered:
+        def __len__(self):
+            return 10
+
+        def __getitem__(self, i):
+            return torch.full((3, 2, 2), float(i)), "caption"
+
+    cfg = VAETrainConfig(batch_size=4)
+    stream = image_batches(Numbered(), cfg, start_step=0)
+    seen = [int(v) for _ in range(5) for v in next(stream)[:, 0, 0, 0]]
+    assert sorted(seen[:10]) == list(range(10)) and sorted(seen[10:20]) == list(range(10))  # whole epochs
+    assert seen[:10] != seen[10:20]  # reshuffled per epoch
+    resumed = image_batches(Numbered(), cfg, start_step=3)
+    assert [int(v) for v in next(resumed)[:, 0, 0, 0]] == seen[12:16]

@@ -51,7 +51,7 @@ class VAETrainConfig:
     val_size: int = 512
     seed: int = 0
     # optimisation
-    steps: int = 3000
+    steps: int = 2000
     batch_size: int = 16
     lr: float = 2e-3
     warmup_steps: int = 100
@@ -201,19 +201,26 @@ def image_batches(source, cfg: VAETrainConfig, start_step: int) -> Iterator[torc
                     yield images
             epoch += 1
     size = len(source)
+    orders: dict[int, list[int]] = {}  # epoch -> its shuffled order (a batch spans at most two epochs)
+
+    def position_to_index(position: int) -> int:
+        epoch, offset = divmod(position, size)
+        if epoch not in orders:
+            for old_epoch in [e for e in orders if e < epoch - 1]:
+                del orders[old_epoch]
+            generator = torch.Generator().manual_seed(cfg.seed * 100_003 + epoch)
+            orders[epoch] = torch.randperm(size, generator=generator).tolist()
+        return orders[epoch][offset]
+
     step = start_step
     while True:
         first = step * cfg.batch_size
         if size >= 10**9:  # procedural: just take the next indices
-            indices = range(first, first + cfg.batch_size)
+            indices = list(range(first, first + cfg.batch_size))
         else:
-            indices = []
-            for position in range(first, first + cfg.batch_size):
-                epoch, offset = divmod(position, size)
-                order = torch.randperm(size, generator=torch.Generator().manual_seed(cfg.seed * 100_003 + epoch))
-                indices.append(int(order[offset]))
+            indices = [position_to_index(p) for p in range(first, first + cfg.batch_size)]
         if hasattr(source, "batch"):
-            yield source.batch(list(indices))[0]
+            yield source.batch(indices)[0]
         else:
             yield _stack(source[i] for i in indices)
         step += 1
