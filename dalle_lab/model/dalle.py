@@ -81,6 +81,12 @@ class DALLE(nn.Module):
         self.to_text_logits = Linear(dim, cfg.total_text_tokens)
         self.to_image_logits = Linear(dim, cfg.num_image_tokens)
         self.register_buffer("text_pad_ids", cfg.num_text_tokens + torch.arange(cfg.text_seq_len), persistent=False)
+        # Position indices. Embeddings are always looked up through their modules (never `.weight` directly), so
+        # DeepSpeed ZeRO-3, which gathers a module's parameters only around its forward, works.
+        cells = torch.arange(cfg.image_seq_len)
+        self.register_buffer("text_positions", torch.arange(cfg.text_seq_len + 1), persistent=False)
+        self.register_buffer("image_rows", cells // cfg.image_fmap_size, persistent=False)
+        self.register_buffer("image_cols", cells % cfg.image_fmap_size, persistent=False)
         self.apply(_init_weights)
 
     @classmethod
@@ -135,12 +141,12 @@ class DALLE(nn.Module):
 
     def _image_pos(self) -> torch.Tensor:
         """(N, dim) position embedding of each image-grid cell, row-major: row vector + column vector."""
-        return (self.image_row_emb.weight[:, None, :] + self.image_col_emb.weight[None, :, :]).flatten(0, 1)
+        return self.image_row_emb(self.image_rows) + self.image_col_emb(self.image_cols)
 
     def _embed(self, text_ids: torch.Tensor, image_tokens: torch.Tensor | None) -> torch.Tensor:
         """[BOS] + text ids (remapped) + the given image tokens (fed as they are) -> (B, 1 + T + n, dim)."""
         bos_text = F.pad(text_ids, (1, 0), value=0)
-        x = self.text_emb(bos_text) + self.text_pos_emb.weight
+        x = self.text_emb(bos_text) + self.text_pos_emb(self.text_positions)
         if image_tokens is not None and image_tokens.shape[1] > 0:
             n = image_tokens.shape[1]
             x = torch.cat([x, self.image_emb(image_tokens) + self._image_pos()[:n]], dim=1)
@@ -298,7 +304,8 @@ class DALLE(nn.Module):
             for i in range(n_init, N):
                 if use_cache:
                     if i > n_init:  # feed the token sampled last step at sequence position 1 + T + (i - 1)
-                        x = (self.image_emb(tokens[:, i - 1]) + image_pos[i - 1]).repeat(repeat, 1).unsqueeze(1)
+                        x = (self.image_emb(tokens[:, i - 1]) + image_pos[i - 1]).unsqueeze(1)
+                        x = x if repeat == 1 else x.repeat(repeat, 1, 1)
                         h, _ = self.transformer(x, caches=caches, start=T + i)
                 else:
                     h, _ = self.transformer(self._embed(text_ids, tokens[:, :i].repeat(repeat, 1)))
