@@ -1,10 +1,11 @@
 """Causal multi-head self-attention with a preallocated key/value cache and CogView's PB-relax.
 
-Two code paths compute the same function:
-- the fast path calls torch.nn.functional.scaled_dot_product_attention (SDPA), which picks a fused kernel;
+Three code paths compute the same function:
+- the default calls torch.nn.functional.scaled_dot_product_attention (SDPA), which picks a fused kernel;
 - the explicit path forms the score matrix itself. It runs when `stable=True` (PB-relax needs to act between the
   score matmul and the softmax, which SDPA does not expose) or when the caller asks for the attention weights
-  (attention heatmaps).
+  (attention heatmaps);
+- full-sequence bfloat16 on the CPU (autocast training) uses plain bf16 matmuls, faster there than SDPA's kernel.
 """
 from __future__ import annotations
 
