@@ -23,7 +23,7 @@ class TrainConfig:
 
     # budget: training stops at whichever of these comes first (Shapes is an endless stream: use steps/minutes)
     epochs: int | None = None
-    max_steps: int | None = 1200
+    max_steps: int | None = 1000
     max_minutes: float | None = None
 
     # optimisation
