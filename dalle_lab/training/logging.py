@@ -55,6 +55,8 @@ class RunLogger:
                  f"lr {metrics['lr']:.2e} {metrics['tokens_per_s']:.0f} tok/s left {format_seconds(time_left)}")
         if self.bar is not None:
             self.bar.set_postfix_str(shown, refresh=False)
+        else:  # no bar (--no-progress, logs to a file): one line per logged step
+            print(f"step {step}: {shown}", file=sys.stderr, flush=True)
         if self.metrics_path is not None:
             import json
             from pathlib import Path
