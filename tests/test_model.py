@@ -287,3 +287,21 @@ def test_overfits_a_tiny_batch_and_then_generates_it():
     assert loss.item() < 0.2 * first
     tokens = model.generate_images(text, top_k=1, return_tokens=True)  # greedy decoding recalls the memorised image
     assert (tokens == image).float().mean() > 0.9
+
+
+def test_pb_relax_keeps_a_float16_model_finite():
+    # The same crafted overflow through the whole model: attention_maps uses the explicit attention path, as
+    # CogView computed attention, in float16.
+    plain = tiny_dalle(seed=5)
+    with torch.no_grad():
+        for layer in plain.transformer.layers:
+            layer.attn.to_qkv.weight[: 2 * 32].normal_(0, 1.0)  # large queries and keys (LayerNorm'd inputs)
+            layer.attn.to_qkv.weight[: 2 * 32].mul_(60.0)
+    stable = tiny_dalle(stable=True)
+    stable.load_state_dict(plain.state_dict())
+    text, image = batch()
+    assert torch.isfinite(plain.eval().attention_maps(text, image)).all()  # float32 is fine
+    plain, stable = plain.half().eval(), stable.half().eval()
+    assert not torch.isfinite(plain.attention_maps(text, image)).all()
+    assert torch.isfinite(stable.attention_maps(text, image)).all()
+    assert torch.isfinite(stable.logits(text, image)).all()
