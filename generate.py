@@ -8,6 +8,7 @@ Writes <outputs_dir>/<caption_with_underscores>/<i>.png, a grid.png per caption,
 """
 import argparse
 import sys
+from pathlib import Path
 
 from dalle_lab.training.generation import SamplingSettings
 
@@ -33,7 +34,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--truncate_captions", action="store_true",
                    help="cut captions longer than the model's text_seq_len instead of failing")
     p.add_argument("--attention_maps", action="store_true",
-                   help="also save where the model looked: attention of image tokens to the caption's words")
+                   help="also save attention maps: where each image cell looked in the caption "
+                        "(<outputs_dir>/<caption>/attention/)")
     return p
 
 
@@ -73,17 +75,24 @@ def main(argv=None) -> int:
 
 
 def _attention_maps(dalle, tokenizer, vae, captions, args) -> None:
-    try:
-        from dalle_lab.viz.attention import save_attention_maps
-    except ImportError:
-        print("generate.py: --attention_maps is not available in this version", file=sys.stderr)
-        return
-    from pathlib import Path
+    """For each caption, sample one more image (seeded) and draw where its image cells looked in the caption:
+    <outputs_dir>/<caption>/attention/*.png (the decoded image is drawn beside the heatmaps)."""
+    import torch
 
     from dalle_lab.training.generation import caption_dirname
+    from dalle_lab.viz.attention import save_attention_maps
 
-    for caption in captions:
-        save_attention_maps(dalle, tokenizer, vae, caption, Path(args.outputs_dir) / caption_dirname(caption))
+    for c, caption in enumerate(captions):
+        text = tokenizer.tokenize([caption], dalle.config.text_seq_len, truncate_text=args.truncate_captions)
+        text = text.to(next(dalle.parameters()).device)
+        generator = torch.Generator(device=text.device).manual_seed(args.seed + c)
+        tokens = dalle.generate_images(text, top_k=args.top_k or None, top_p=args.top_p,
+                                       temperature=args.temperature, cond_scale=args.cond_scale, return_tokens=True,
+                                       generator=generator)
+        labels = [tokenizer.decode([i]) for i in text[0].tolist() if i != 0]
+        paths = save_attention_maps(dalle, text, tokens, labels,
+                                    Path(args.outputs_dir) / caption_dirname(caption) / "attention")
+        print(f"attention maps for {caption!r}: {paths[0].parent}")
 
 
 if __name__ == "__main__":

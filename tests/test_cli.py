@@ -82,10 +82,13 @@ def test_train_then_generate_end_to_end(tiny_vqgan, tmp_path, capsys):
 
     images = tmp_path / "images"
     generated = run("generate.py", "--dalle_path", checkpoint, "--text", "a red circle|a blue square",
-                    "--num_images", "3", "--batch_size", "2", "--seed", "1", "--outputs_dir", images)
+                    "--num_images", "3", "--batch_size", "2", "--seed", "1", "--outputs_dir", images,
+                    "--attention_maps")
     assert generated.returncode == 0, generated.stderr
     for caption in ("a_red_circle", "a_blue_square"):
-        assert sorted(p.name for p in (images / caption).iterdir()) == ["0.png", "1.png", "2.png", "grid.png"]
+        assert sorted(p.name for p in (images / caption).iterdir()) == ["0.png", "1.png", "2.png", "attention",
+                                                                         "grid.png"]
+        assert list((images / caption / "attention").glob("*.png"))
     records = [json.loads(line) for line in (images / "manifest.jsonl").read_text().splitlines()]
     assert len(records) == 6 and records[0]["caption"] == "a red circle" and records[0]["top_k"] == 10
     assert all((images / r["file"]).is_file() for r in records)
