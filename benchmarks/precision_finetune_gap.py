@@ -127,11 +127,32 @@ def sweep(args) -> int:
     return 0
 
 
+def load_model(path):
+    """(dalle, tokenizer, image tokenizer): load_dalle, plus checkpoints of the loss-weighting study, whose small
+    Shapes models use its k-means patch tokenizer (dalle_lab.experiments.patch_tokenizer) while the default VQGAN
+    is not trained."""
+    from dalle_lab.training import checkpoint as ckpt_io
+
+    ckpt = ckpt_io.read_checkpoint(path)
+    if ckpt["vae"].get("kind") != "patch_codebook":
+        return ckpt_io.load_dalle(path)
+    from dalle_lab.experiments.patch_tokenizer import PatchCodebookTokenizer
+    from dalle_lab.utils import file_sha256
+
+    identity = ckpt["vae"]
+    if file_sha256(identity["model_path"]) != identity["sha256"]:
+        raise ValueError(f"{path}: the patch tokenizer {identity['model_path']} is not the one it was trained with")
+    vae = PatchCodebookTokenizer.load(identity["model_path"])
+    tokenizer = ckpt_io.tokenizer_from_identity(ckpt["tokenizer"], path)
+    dalle = ckpt_io.build_model(ckpt["config"], vae=vae)
+    ckpt_io.load_model_state(dalle, ckpt["model"], path)
+    return dalle.eval(), tokenizer, vae
+
+
 def fine_tune(args, dalle_path, config, prompts, reward, name: str):
     from dalle_lab.align.policy_gradient import PolicyGradientTrainer
-    from dalle_lab.training.checkpoint import load_dalle
 
-    dalle, tokenizer, _ = load_dalle(dalle_path)
+    dalle, tokenizer, _ = load_model(dalle_path)
     out = Path(args.runs_dir) / name
     if out.exists():
         shutil.rmtree(out)  # a benchmark measures a fresh run, never a resumed one
@@ -228,12 +249,11 @@ def main(argv=None) -> int:
     from dalle_lab.align.config import AlignConfig
     from dalle_lab.align.evaluate import sample_images
     from dalle_lab.data.shapes import ShapesDataset
-    from dalle_lab.training.checkpoint import load_dalle
 
     dataset = ShapesDataset("train", length=args.num_prompts, seed=0)
     prompts = [dataset.caption(i) for i in range(args.num_prompts)]
     eval_prompts = [prompts[i % len(prompts)] for i in range(args.n_eval)]
-    dalle, tokenizer, vae = load_dalle(args.dalle_path)
+    dalle, tokenizer, vae = load_model(args.dalle_path)
     image_size = int(vae.image_size)
     common = dict(epochs=10_000, time_budget_s=args.budget_s, lr=args.lr, kl_coef=args.kl_coef,
                   prompts_per_epoch=args.prompts_per_epoch, group_size=args.group_size,
