@@ -219,7 +219,9 @@ def test_vae_weights_stay_out_of_state_dict_and_parameters():
     assert not any("vae" in key or "codebook" in key for key in model.state_dict())
     assert all(p is not vae.codebook for p in model.parameters())
     model.to(torch.float64)
-    assert vae.codebook.dtype == torch.float64  # .to() still moves the held vae
+    assert vae.codebook.dtype == torch.float32  # dtype changes leave the frozen tokenizer alone
+    model.to("meta")
+    assert vae.codebook.device.type == "meta"  # device moves take it along
     with pytest.raises(ValueError, match="disagrees with the vae"):
         DALLE(vae=vae, **{**TINY, "num_image_tokens": 99})
 

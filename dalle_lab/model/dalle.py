@@ -47,8 +47,8 @@ class DALLE(nn.Module):
     `DALLE(vae=vae, dim=256, depth=4, ...)` takes DALLE-pytorch's keywords (any DALLEConfig field), or
     `DALLE.from_config(cfg, vae)`. With a vae, num_image_tokens and image_fmap_size come from it.
     The vae is held for encoding pixels and decoding generated tokens, but it is NOT a registered submodule: its
-    weights are not in `state_dict()` or `parameters()` (checkpoints record its identity instead); `.to()` still
-    moves it along with the model.
+    weights are not in `state_dict()` or `parameters()` (checkpoints record its identity instead); moving the
+    model to a device moves it too, dtype changes (.half(), .bfloat16()) leave it alone.
     """
 
     def __init__(self, *, vae=None, config: DALLEConfig | None = None, **fields):
@@ -96,10 +96,12 @@ class DALLE(nn.Module):
         return cls(vae=vae, config=config)
 
     def _apply(self, fn, *args, **kwargs):
-        # The unregistered vae still follows .to()/.cuda()/.half() of the model.
+        # The unregistered vae follows the model's device (.to(device), .cuda(), .cpu()) but keeps its own dtype:
+        # .half() or DeepSpeed's bf16 conversion of the transformer must not silently change the frozen tokenizer.
         super()._apply(fn, *args, **kwargs)
-        if self.vae is not None:
-            self.vae._apply(fn, *args, **kwargs)
+        param = next(self.parameters(), None)
+        if self.vae is not None and param is not None:
+            self.vae.to(param.device)
         return self
 
     # ----- inputs -------------------------------------------------------------------------------------------
