@@ -11,6 +11,8 @@ forward override of nn.Linear (generation only: training keeps F.linear):
   weight-left   (W @ x^T)^T + b, i.e. torch.addmm(b[:, None], W, x^T).T  same numbers, W read in its stored order
   bf16          a bfloat16 copy of the model, F.linear
   bf16 + left   both
+  int8 dynamic  torch.ao.quantization.quantize_dynamic on the Linear layers (weights int8, prepacked once;
+                changes the numbers slightly, so only an opt-in fast-sampling mode could use it)
 
 Reported: CPU seconds (all threads) per generation of 4 x 256 tokens, median over alternated rounds, and the share
 of a decode step spent in linear layers. CPU time, not wall time, because the machine is shared (see README).
@@ -50,6 +52,9 @@ def variant(model, name):
     import torch
 
     model = copy.deepcopy(model)
+    if name == "int8 dynamic":
+        # weight-only int8 with prepacked weights (fbgemm): a quarter of the bytes per step, packed once
+        return torch.ao.quantization.quantize_dynamic(model, {torch.nn.Linear}, dtype=torch.qint8)
     if "bf16" in name:
         model = model.to(torch.bfloat16)
     if "left" in name:
@@ -73,7 +78,7 @@ def main(argv=None) -> None:
     base = backends.build_ours(dict(backends.REFERENCE)).model.eval()
     text = torch.randint(1, base.config.num_text_tokens, (4, base.config.text_seq_len),
                          generator=torch.Generator().manual_seed(0))
-    names = ["as-is", "weight-left", "bf16", "bf16 + left"]
+    names = ["as-is", "weight-left", "bf16", "bf16 + left", "int8 dynamic"]
     models = {name: variant(base, name) for name in names}
 
     # Same sampled tokens in fp32 variants: the layouts compute the same function (up to summation order).
