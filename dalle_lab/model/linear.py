@@ -26,5 +26,5 @@ class Linear(nn.Linear):
             return F.linear(x, self.weight, self.bias)
         out = torch.mm(self.weight, x.reshape(rows, x.shape[-1]).t()).t()  # torch.mm: fewer dispatches than @
         # the add (or contiguous) lays the result out row-major again: SDPA falls back to a slow kernel otherwise
-        out = out + self.bias if self.bias is not None else out.contiguous()
+        out = out + self.bias.to(out.dtype) if self.bias is not None else out.contiguous()  # dtype: autocast
         return out.view(*x.shape[:-1], self.out_features)

@@ -1,7 +1,6 @@
 """Pre-norm transformer blocks: causal attention + GEGLU feed-forward, optional sandwich norm."""
 from __future__ import annotations
 
-import torch
 import torch.nn.functional as F
 from torch import nn
 
