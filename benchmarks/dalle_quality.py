@@ -6,7 +6,8 @@
 Prints, for 200 validation captions (unseen captions of seen colour-shape pairs) and 100 held-out-composition
 captions (colour-shape pairs never seen in training): attribute accuracy, exact match, per-attribute accuracy, and
 the chance level (the same images scored against shuffled captions). The main job's target: validation attribute
-accuracy >= 0.80. Add --json FILE to keep the numbers.
+accuracy >= 0.80. It also prints the image tokenizer's ceiling (the checker on VQGAN reconstructions of the real
+validation images). Add --json FILE to keep the numbers.
 """
 import argparse
 import json
@@ -28,6 +29,9 @@ def main(argv=None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     p.add_argument("--json", default=None, help="also write the numbers to this file")
+    p.add_argument("--no_ceiling", action="store_true",
+                   help="skip the image tokenizer's ceiling (the checker on VQGAN reconstructions of the real "
+                        "validation images: no DALLE can score above what its tokenizer can draw)")
     args = p.parse_args(argv)
 
     import torch
@@ -61,6 +65,17 @@ def main(argv=None) -> int:
               f"generated in {seconds:.0f} s)")
         for attribute, value in sorted(scores["per_attribute"].items()):
             print(f"    {attribute:24s} {value:.3f}")
+    if not args.no_ceiling and args.n_val:
+        from dalle_lab.data.shapes import ShapesDataset
+
+        real, captions = ShapesDataset("val", length=args.n_val).batch(range(args.n_val))
+        with torch.no_grad():
+            reconstructions = torch.cat([vae.decode(vae.get_codebook_indices(real[i:i + args.batch_size]))
+                                         for i in range(0, len(real), args.batch_size)])
+        ceiling = evaluate(reconstructions, captions)
+        report["tokenizer_ceiling"] = {"accuracy": ceiling["accuracy"], "exact_match": ceiling["exact_match"]}
+        print(f"tokenizer ceiling (checker on VQGAN reconstructions of the real validation images): attribute "
+              f"accuracy {ceiling['accuracy']:.3f}  exact match {ceiling['exact_match']:.3f}")
     if args.json:
         with open(args.json, "w", encoding="utf-8") as handle:
             json.dump(report, handle, indent=2)
