@@ -98,3 +98,12 @@ def test_amp_means_bf16_on_cpu_and_refuses_fp16_there():
     assert not resolve_precision(True, "cpu").needs_loss_scaling
     with pytest.raises(ValueError, match="fp16 is not supported on the CPU"):
         resolve_precision(True, "cpu", "fp16")
+
+
+def test_zero3_shards_are_consolidated_into_full_weights(tiny_vqgan, tmp_path):
+    result = train(ds_config(tiny_vqgan, tmp_path, zero_stage=3, max_steps=2), TINY_MODEL)
+    ckpt = torch.load(result.checkpoint_path, weights_only=True)
+    assert ckpt["deepspeed"]["zero_stage"] == 3
+    dalle, _, _ = load_dalle(result.checkpoint_path)  # strict load: every weight present, full shape, float32
+    assert all(t.dtype == torch.float32 and t.numel() > 0 for t in ckpt["model"].values())
+    assert set(ckpt["model"]) == set(dalle.state_dict())
