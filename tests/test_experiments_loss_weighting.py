@@ -109,6 +109,20 @@ def test_cached_run_of_other_settings_is_refused(finished_study):
         lw.run_one(other, lw.Setting(1.0, 16), 0, lw.resolve_image_tokenizer(other))
 
 
+def test_new_evaluation_settings_reevaluate_without_retraining(tiny_vqgan, tmp_path):
+    config = tiny_study(tiny_vqgan, tmp_path, seeds=1, loss_img_weights=(1.0,), text_seq_lens=(16,))
+    spec = lw.resolve_image_tokenizer(config)
+    setting = lw.Setting(1.0, 16)
+    first = lw.run_one(config, setting, 0, spec)
+    metrics = lw.run_dir(config, setting, 0) / "dalle-metrics.jsonl"
+    before = metrics.stat().st_mtime_ns
+    more = lw.StudyConfig(**{**config.__dict__, "eval": EvalSettings(n_val=3, n_heldout=1, n_loss=4, batch_size=4)})
+    again = lw.run_one(more, setting, 0, spec)
+    assert not again["cached"] and again["eval"]["val"]["n_generated"] == 3
+    assert metrics.stat().st_mtime_ns == before and again["curves"] == first["curves"]  # no training step was taken
+    assert again["train"]["steps"] == 4
+
+
 def test_an_interrupted_run_of_other_settings_is_not_continued(tiny_vqgan, tmp_path):
     config = tiny_study(tiny_vqgan, tmp_path, seeds=1, loss_img_weights=(7.0,), text_seq_lens=(16,))
     spec = lw.resolve_image_tokenizer(config)

@@ -128,18 +128,25 @@ def run_identity(config: StudyConfig, setting: Setting, seed: int, vae_identity:
             "tokenizer_sha256": tokenizer_identity.get("sha256")}
 
 
+def training_part(identity: dict) -> dict:
+    """What decides the trained weights (everything but the evaluation settings)."""
+    return {k: v for k, v in identity.items() if k != "eval"}
+
+
 def load_cached(path: Path, identity: dict, key: str | None = "identity") -> dict | None:
     """The JSON at `path` (a finished result, or with key=None a started run's identity) if it was made with
-    `identity`; None if there is none; an error if it differs (a study's directory must not silently mix runs of
-    different settings)."""
+    `identity`; None if there is none, or if only the evaluation settings differ (the trained checkpoint is then
+    evaluated again); an error if the training differs (a study's directory must not silently mix runs)."""
     if not path.is_file():
         return None
     stored = json.loads(path.read_text())
     recorded = stored.get(key) if key else stored
-    if _normalise(recorded) != _normalise(identity):
-        raise ValueError(f"{path} holds a run made with other settings ({recorded}) than this study's "
-                         f"({identity}); pass another --runs_dir (and --out_dir), or delete {path.parent} to redo it")
-    return stored
+    if _normalise(recorded) == _normalise(identity):
+        return stored
+    if isinstance(recorded, dict) and _normalise(training_part(recorded)) == _normalise(training_part(identity)):
+        return None
+    raise ValueError(f"{path} holds a run trained with other settings ({recorded}) than this study's "
+                     f"({identity}); pass another --runs_dir (and --out_dir), or delete {path.parent} to redo it")
 
 
 def _normalise(value):

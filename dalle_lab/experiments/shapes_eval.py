@@ -23,9 +23,11 @@ class EvalSettings:
     n_loss: int = 512  # samples per split for the held-out losses
     seed: int = 0  # which captions/images (the same for every run) and the sampling seed
     batch_size: int = 32
-    # sampling: the library's defaults for Shapes (see dalle_lab.training.generation.SamplingSettings)
-    top_k: int | None = 10
-    temperature: float = 0.7
+    # sampling: the model's own distribution (no top-k, temperature 1, no guidance). Comparing training objectives
+    # should not depend on sampling tricks; and a short-trained model sampled with top-k 10 at temperature 0.7
+    # collapses to its most likely token (the background patch), which hides what it learned about the caption
+    top_k: int | None = None
+    temperature: float = 1.0
     cond_scale: float = 1.0
 
     def to_dict(self) -> dict:
