@@ -102,6 +102,14 @@ def test_finished_runs_are_reused_not_retrained(finished_study):
     assert [p.stat().st_mtime_ns for p in metrics] == before
 
 
+def test_report_only_collects_the_runs_of_these_settings(finished_study):
+    config, _, _ = finished_study
+    assert len(lw.collect_cached(config)) == 8
+    skipped = []
+    other = lw.StudyConfig(**{**config.__dict__, "learning_rate": 5e-4})
+    assert lw.collect_cached(other, log=skipped.append) == [] and len(skipped) == 8
+
+
 def test_cached_run_of_other_settings_is_refused(finished_study):
     config, _, _ = finished_study
     other = lw.StudyConfig(**{**config.__dict__, "steps": 5})

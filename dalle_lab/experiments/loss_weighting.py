@@ -281,13 +281,21 @@ def load_image_tokenizer(spec: dict):
     return VQGanVAE(*spec["paths"])
 
 
-def collect_cached(config: StudyConfig) -> list[dict]:
-    """Finished results already in runs_dir (for --report_only), without checking their identity."""
+def collect_cached(config: StudyConfig, log=print) -> list[dict]:
+    """Finished results in runs_dir made with this config's settings (for --report_only). The tokenizers' hashes are
+    not checked here (that could mean training the default image tokenizer); runs of other settings are skipped."""
     results = []
     for setting, seed in config.tasks():
         path = run_dir(config, setting, seed) / RESULT_FILE
-        if path.is_file():
-            results.append(json.loads(path.read_text()))
+        if not path.is_file():
+            continue
+        result = json.loads(path.read_text())
+        expected = run_identity(config, setting, seed, {}, {})
+        recorded = {k: v for k, v in result.get("identity", {}).items() if not k.endswith("_sha256")}
+        if _normalise(recorded) != _normalise({k: v for k, v in expected.items() if not k.endswith("_sha256")}):
+            log(f"skipping {path}: made with other settings than these flags")
+            continue
+        results.append(result)
     return results
 
 

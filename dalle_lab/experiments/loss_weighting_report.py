@@ -198,7 +198,7 @@ def markdown(config, summary: dict, rows: list[dict], results: list[dict], expec
         f"{', '.join(str(t) for t in config.text_seq_lens)}, seeds 0..{config.seeds - 1} "
         f"(a seed fixes the initial weights and the training sample stream, the same for every setting).",
         f"- Evaluation per run: losses in eval mode on {e.n_loss} validation and {e.n_loss} held-out-composition "
-        f"samples; one image generated (top_k {e.top_k}, temperature {e.temperature:g}) for each of {e.n_val} "
+        f"samples; one image generated ({_sampling(e)}) for each of {e.n_val} "
         f"validation captions and {e.n_heldout} held-out-composition captions, scored by the Shapes checker "
         "(attribute accuracy: share of the caption's attributes the image satisfies; exact match: all of them).",
         *[f"- Image tokenizer: `{_relative(path)}` (sha256 {sha[:12]}...)." for path, sha in sorted(
@@ -260,6 +260,12 @@ def markdown(config, summary: dict, rows: list[dict], results: list[dict], expec
     out += ["## Reproduce", "", "```", "python -m dalle_lab.experiments.loss_weighting " + command_flags(config), "```",
             "", "All numbers, per run and aggregated, with the loss curves: `results.json`. See docs/experiments.md.", ""]
     return "\n".join(out)
+
+
+def _sampling(e) -> str:
+    parts = [f"top-k {e.top_k}" if e.top_k else "no top-k", f"temperature {e.temperature:g}"]
+    parts.append(f"guidance scale {e.cond_scale:g}" if e.cond_scale != 1 else "no guidance")
+    return ", ".join(parts)
 
 
 def _relative(path: str) -> str:
