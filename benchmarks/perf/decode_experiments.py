@@ -11,6 +11,7 @@ forward override of nn.Linear (generation only: training keeps F.linear):
   weight-left   (W @ x^T)^T + b, i.e. torch.addmm(b[:, None], W, x^T).T  same numbers, W read in its stored order
   bf16          a bfloat16 copy of the model, F.linear
   bf16 + left   both
+  bf16 linears  bfloat16 copies of the Linear weights only, for few-row inputs; everything else stays float32
   int8 dynamic  torch.ao.quantization.quantize_dynamic on the Linear layers (weights int8, prepacked once;
                 changes the numbers slightly, so only an opt-in fast-sampling mode could use it)
 
@@ -48,6 +49,23 @@ def weight_left_forward(linear):
     return forward
 
 
+def bf16_linear_forward(linear):
+    """A forward for one nn.Linear that keeps a bfloat16 copy of its weights and casts only its input and output:
+    the rest of the model (LayerNorm, attention, KV cache, sampling) stays float32."""
+    import torch
+    import torch.nn.functional as F
+
+    weight = linear.weight.detach().to(torch.bfloat16)
+    bias = None if linear.bias is None else linear.bias.detach().to(torch.bfloat16)
+
+    def forward(x):
+        if x.numel() // x.shape[-1] > 16:
+            return F.linear(x, linear.weight, linear.bias)
+        return F.linear(x.to(torch.bfloat16), weight, bias).to(x.dtype)
+
+    return forward
+
+
 def variant(model, name):
     import torch
 
@@ -55,6 +73,11 @@ def variant(model, name):
     if name == "int8 dynamic":
         # weight-only int8 with prepacked weights (fbgemm): a quarter of the bytes per step, packed once
         return torch.ao.quantization.quantize_dynamic(model, {torch.nn.Linear}, dtype=torch.qint8)
+    if name == "bf16 linears":
+        for module in model.modules():
+            if isinstance(module, torch.nn.Linear):
+                module.forward = bf16_linear_forward(module)
+        return model
     if "bf16" in name:
         model = model.to(torch.bfloat16)
     if "left" in name:
@@ -78,7 +101,7 @@ def main(argv=None) -> None:
     base = backends.build_ours(dict(backends.REFERENCE)).model.eval()
     text = torch.randint(1, base.config.num_text_tokens, (4, base.config.text_seq_len),
                          generator=torch.Generator().manual_seed(0))
-    names = ["as-is", "weight-left", "bf16", "bf16 + left", "int8 dynamic"]
+    names = ["as-is", "weight-left", "bf16", "bf16 + left", "bf16 linears", "int8 dynamic"]
     models = {name: variant(base, name) for name in names}
 
     # Same sampled tokens in fp32 variants: the layouts compute the same function (up to summation order).
