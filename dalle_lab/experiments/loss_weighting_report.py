@@ -116,6 +116,30 @@ def _table(settings, summary: dict, keys: list[str]) -> list[str]:
     return lines
 
 
+ATTRIBUTES = ["background", "color", "shape", "size", "place", "color1", "shape1", "color2", "shape2", "relation"]
+
+
+def attribute_table(settings, results: list[dict]) -> list[str]:
+    """Per-attribute checker accuracy (mean over seeds) for both caption sets: which parts of a caption the
+    images get right. One-object captions have colour/shape/size/place, two-object ones colour1..relation."""
+    lines = ["Per attribute (mean over seeds; validation / held-out):", "",
+             "| setting | " + " | ".join(ATTRIBUTES) + " |", "|---|" + "---|" * len(ATTRIBUTES)]
+    for setting in settings:
+        mine = [r for r in results if r["setting"] == setting.name]
+        if not mine:
+            continue
+        cells = []
+        for name in ATTRIBUTES:
+            parts = []
+            for split in ("val", "heldout"):
+                values = [r["eval"][split]["per_attribute"][name] for r in mine
+                          if name in r["eval"][split].get("per_attribute", {})]
+                parts.append(f"{sum(values) / len(values):.2f}" if values else "-")
+            cells.append(" / ".join(parts))
+        lines.append(f"| {setting.label} | " + " | ".join(cells) + " |")
+    return lines + [""]
+
+
 def _p(value: float) -> str:
     if not math.isfinite(value):
         return "n/a"
@@ -226,6 +250,7 @@ def markdown(config, summary: dict, rows: list[dict], results: list[dict], expec
         *_table(settings, summary, ["val_accuracy", "val_exact_match", "heldout_accuracy", "heldout_exact_match",
                                     "heldout_loss_img"]),
         "",
+        *attribute_table(settings, results),
     ]
     if plots.get("accuracy"):
         out += [f"![attribute accuracy and exact match per setting]({plots['accuracy']})", ""]
