@@ -3,7 +3,8 @@
 Reference config of issue 8: dim 256, depth 4, heads 8, dim_head 32, 1000 text tokens, text_seq_len 32,
 16x16 image tokens (codebook 512), batch 8, AdamW; generation of a batch of 4 images.
 Run:  .venv/bin/python benchmarks/quick_model_speed.py [--threads 2] [--steps 6] [--skip_gen]
-Numbers depend on machine load: on a shared machine compare runs made back to back, never stored numbers.
+Numbers depend on machine load: on a shared machine compare runs made back to back, never stored numbers, and
+prefer the CPU-time figures (process CPU seconds, all threads), which contention inflates less than wall time.
 """
 import argparse
 import contextlib
@@ -32,18 +33,20 @@ def train_speed(dtype, steps, batch=8):
     cfg = model.config
     text = torch.randint(1, cfg.num_text_tokens, (batch, cfg.text_seq_len))
     image = torch.randint(0, cfg.num_image_tokens, (batch, cfg.image_seq_len))
-    times = []
+    times, cpu_times = [], []
     for step in range(steps + 2):  # two warm-up steps
-        start = time.perf_counter()
+        start, cpu_start = time.perf_counter(), time.process_time()
         with autocast(dtype):
             loss = model(text, image, return_loss=True).loss
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
         times.append(time.perf_counter() - start)
+        cpu_times.append(time.process_time() - cpu_start)
     step_time = sorted(times[2:])[len(times[2:]) // 2]  # median
+    cpu_time = sorted(cpu_times[2:])[len(cpu_times[2:]) // 2]
     tokens = batch * (cfg.text_seq_len + cfg.image_seq_len)
-    return step_time, tokens / step_time
+    return step_time, tokens / step_time, cpu_time
 
 
 def gen_speed(dtype, use_cache=True, batch=4, cond_scale=1.0):
@@ -53,10 +56,10 @@ def gen_speed(dtype, use_cache=True, batch=4, cond_scale=1.0):
     text = torch.randint(1, cfg.num_text_tokens, (batch, cfg.text_seq_len))
     with autocast(dtype):
         model.generate_images(text[:, :], return_tokens=True, use_cache=use_cache, top_k=64)  # warm-up
-        start = time.perf_counter()
+        start, cpu_start = time.perf_counter(), time.process_time()
         model.generate_images(text, return_tokens=True, use_cache=use_cache, top_k=64, cond_scale=cond_scale)
-        elapsed = time.perf_counter() - start
-    return elapsed, batch * cfg.image_seq_len / elapsed
+        elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu_start
+    return elapsed, batch * cfg.image_seq_len / elapsed, cpu
 
 
 def main():
@@ -71,13 +74,15 @@ def main():
     print(f"reference config, {params / 1e6:.2f}M parameters, {args.threads} threads")
     for dtype in ("fp32", "bf16"):
         if not args.skip_train:
-            step, tps = train_speed(dtype, args.steps)
-            print(f"train {dtype}: {step * 1000:.0f} ms/step, {tps:.0f} tokens/s (batch 8 x 288 tokens)")
+            step, tps, cpu = train_speed(dtype, args.steps)
+            print(f"train {dtype}: {step * 1000:.0f} ms/step, {tps:.0f} tokens/s (batch 8 x 288 tokens); "
+                  f"CPU {cpu:.3f} s/step")
         if not args.skip_gen:
-            elapsed, tps = gen_speed(dtype)
-            print(f"generate {dtype} cached, batch 4: {elapsed:.2f} s, {tps:.0f} image tokens/s")
-            elapsed, tps = gen_speed(dtype, cond_scale=3.0)
-            print(f"generate {dtype} cached + guidance (cond_scale 3), batch 4: {elapsed:.2f} s, {tps:.0f} image tokens/s")
+            elapsed, tps, cpu = gen_speed(dtype)
+            print(f"generate {dtype} cached, batch 4: {elapsed:.2f} s, {tps:.0f} image tokens/s; CPU {cpu:.2f} s")
+            elapsed, tps, cpu = gen_speed(dtype, cond_scale=3.0)
+            print(f"generate {dtype} cached + guidance (cond_scale 3), batch 4: {elapsed:.2f} s, {tps:.0f} image "
+                  f"tokens/s; CPU {cpu:.2f} s")
 
 
 if __name__ == "__main__":
