@@ -116,3 +116,14 @@ def test_compat_import_leaves_no_fake_modules_behind():
 def test_import_dalle_lab_vae_is_light():
     code = "import sys, dalle_lab.vae; assert 'taming' not in sys.modules and 'torch' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_load_vae_finds_the_shipped_tokenizer_by_hash_when_the_recorded_path_is_elsewhere(tmp_path):
+    from dalle_lab.vae.default import shipped_paths
+
+    ckpt, yaml = shipped_paths()
+    if not ckpt.is_file():
+        pytest.skip("no shipped default tokenizer in dalle_lab/assets")
+    identity = dict(VQGanVAE(ckpt, yaml).identity, model_path=str(tmp_path / "other_machine" / "shapes_vqgan.ckpt"),
+                    config_path=str(tmp_path / "other_machine" / "shapes_vqgan.yaml"))
+    assert load_vae(identity).model_path == ckpt

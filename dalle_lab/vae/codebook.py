@@ -62,15 +62,21 @@ class EMACodebook:
 
     @torch.no_grad()
     def restart_dead(self, recent_z: torch.Tensor, generator: torch.Generator | None = None) -> int:
-        """Re-initialise every code unused since the last restart to a random recent encoder output.
+        """Re-initialise every code unused since the last restart to a recent encoder output.
 
+        Outputs are drawn with probability proportional to their squared distance from their nearest code
+        (as k-means++ seeds clusters): on Shapes most vectors are background, and uniform draws would spend the
+        freed codes on background again while the rarer object vectors stay lumped together.
         Returns how many codes were restarted and starts a new usage window.
         """
         dead = (self.recent_counts == 0).nonzero().flatten()
         self.recent_counts.zero_()
         if dead.numel() == 0 or recent_z.shape[0] == 0:
             return 0
-        picks = torch.randint(0, recent_z.shape[0], (dead.numel(),), generator=generator).to(recent_z.device)
+        errors = (recent_z - self.codebook[nearest_codes(recent_z, self.codebook)]).pow(2).sum(1)
+        weights = errors.cpu().double() + 1e-12  # all-zero errors fall back to uniform
+        picks = torch.multinomial(weights, dead.numel(), replacement=dead.numel() > weights.numel(),
+                                  generator=generator).to(recent_z.device)
         fresh = recent_z[picks]
         self.codebook.data[dead] = fresh
         # restart the EMA statistics too, or the old (empty) averages would pull the code straight back

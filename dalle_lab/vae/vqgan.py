@@ -161,10 +161,19 @@ def load_vae(identity_or_paths: Mapping[str, Any] | tuple | list, check_hash: bo
     identity = dict(identity_or_paths)
     if identity.get("kind") != KIND:
         raise ValueError(f"not a VQGAN identity (kind {identity.get('kind')!r}, expected {KIND!r}): {identity}")
-    vae = VQGanVAE(identity["model_path"], identity["config_path"])
+    model_path, config_path = identity["model_path"], identity["config_path"]
+    if not Path(model_path).is_file() and identity.get("sha256"):
+        # A checkpoint made elsewhere records that machine's path; the shipped default tokenizer is found by hash.
+        from .default import shipped_paths
+        from ..utils import file_sha256
+
+        shipped_ckpt, shipped_yaml = shipped_paths()
+        if shipped_ckpt.is_file() and file_sha256(shipped_ckpt) == identity["sha256"]:
+            model_path, config_path = shipped_ckpt, shipped_yaml
+    vae = VQGanVAE(model_path, config_path)
     if check_hash and identity.get("sha256") and vae.identity["sha256"] != identity["sha256"]:
         raise ValueError(
-            f"VQGAN checkpoint {identity['model_path']} has sha256 {vae.identity['sha256'][:12]}..., but the "
+            f"VQGAN checkpoint {model_path} has sha256 {vae.identity['sha256'][:12]}..., but the "
             f"checkpoint being loaded was trained with {identity['sha256'][:12]}...: it is a different image "
             "tokenizer. Put the original file back at that path (or pass check_hash=False if you know better)."
         )
