@@ -4,7 +4,8 @@ For every text token, the attention each image-grid cell pays to it is drawn ove
 image when the model has a vae). Row j of the map is the query that *predicts* image token j, i.e. where the model
 looked when it chose that cell (see DALLE.attention_maps). Files written:
 
-    attention_mean.png          averaged over all layers and heads: one panel per text token
+    attention_mean.png          averaged over all layers and heads: one panel per text token; a row of raw weights
+                                and a row of each cell's share of its caption attention
     attention_layer<L>.png      one row per head plus a head-average row, one column per text token
 
 Colour scales are shared across the panels of a row, so tokens can be compared with each other; the colour bar of
@@ -52,6 +53,8 @@ def save_attention_maps(dalle, text_tokens: torch.Tensor, image_tokens: torch.Te
     columns = list(range(maps.shape[-1])) if include_pads else real.nonzero().flatten().tolist()
     if not columns:
         raise ValueError("the caption has no non-pad tokens to show attention for")
+    raw_mean = maps.mean(dim=(0, 1))[..., columns]  # (f, f, C)
+    share_mean = raw_mean / raw_mean.sum(dim=-1, keepdim=True).clamp_min(1e-12)
     if relative:
         shown = maps[..., columns]
         maps = maps / shown.sum(dim=-1, keepdim=True).clamp_min(1e-12)
@@ -65,12 +68,14 @@ def save_attention_maps(dalle, text_tokens: torch.Tensor, image_tokens: torch.Te
     background = _decoded_image(dalle, image_tokens)
 
     paths = []
-    mean = maps.mean(dim=(0, 1))[..., columns]  # (f, f, C)
-    fig = Figure(figsize=(2.0 * (len(columns) + 1), 2.6), dpi=110)
-    _draw_row(fig, [mean], labels, background, row_titles=["all layers, all heads"])
-    kind = "share of caption attention" if relative else "attention"
-    fig.suptitle(f"image-token {kind} to each caption token (mean over layers and heads)")
+    # The mean figure shows both views: the raw weights (which also fall off with position, because later cells
+    # spread attention over more image tokens) and each cell's share of its caption attention (which word it
+    # looked at most).
+    fig = Figure(figsize=(2.0 * (len(columns) + 1), 4.8), dpi=110)
+    _draw_row(fig, [raw_mean, share_mean], labels, background, row_titles=["attention weight", "share of caption"])
+    fig.suptitle("image-token attention to each caption token (mean over layers and heads)")
     paths.append(_save(fig, out_dir / "attention_mean.png"))
+    kind = "share of caption attention" if relative else "attention"
 
     for layer in range(maps.shape[0]):
         rows = [maps[layer, h][..., columns] for h in range(maps.shape[1])] + [maps[layer].mean(0)[..., columns]]
