@@ -195,17 +195,22 @@ def markdown(results: dict) -> str:
     p = results["precision"]
     c = results["calibration"]
     lines = [f"# Fine-tuning with a {p} reward, evaluated in fp32", "",
+             f"Model: {results['dalle_path']}; policy gradient for {results.get('budget_s', 'n/a')} s per run "
+             f"({results.get('threads', 'n/a')} thread(s) on a shared machine).", "",
              f"Reward: {results['reward']}", "",
              f"Calibration on {c['n']} samples of the starting model: embedding cosine {p} vs fp32 mean "
              f"{c['cosine_mean']:.4f}, min {c['cosine_min']:.4f}; score Spearman {c['spearman']:.3f}; "
              f"mean |score diff| {c['mean_abs_diff']:.4f} (fp32 score std {c['fp32_std']:.4f}).", "",
-             f"| run | images sampled | gain in {p} reward | gain in fp32 reward | fp32 share of the apparent gain |",
-             "|---|---|---|---|---|"]
+             f"| run | images sampled | gain in {p} reward | gain in fp32 reward | fp32 share of the apparent gain | "
+             "KL to start (last epoch) |",
+             "|---|---|---|---|---|---|"]
     for label, run in results["runs"].items():
         low, fp32 = run["gain_low"], run["gain_fp32"]
         share = fp32["gain"] / low["gain"] if low["gain"] else float("nan")
+        history = results["histories"].get(label) or [{}]
+        kl = history[-1].get("kl_ref_image", float("nan"))
         lines.append(f"| {label} | {run['images_sampled']} | {low['gain']:+.4f} +- {low['se']:.4f} | "
-                     f"{fp32['gain']:+.4f} +- {fp32['se']:.4f} | {share:.2f} |")
+                     f"{fp32['gain']:+.4f} +- {fp32['se']:.4f} | {share:.2f} | {kl:.3f} |")
     lines += ["", f"Evaluation: {results['n_eval']} fresh samples before and after (fixed seeds), each scored in both "
               "precisions; +- is the standard error of the difference.", ""]
     return "\n".join(lines)
@@ -260,6 +265,7 @@ def main(argv=None) -> int:
                   sample_batch_size=args.batch, train_batch_size=args.batch, seed=0, reward="aesthetic")
     low_reward = build_reward(args, image_size, args.precision)
     results = {"precision": args.precision, "dalle_path": args.dalle_path, "n_eval": args.n_eval,
+               "budget_s": args.budget_s, "threads": args.threads,
                "reward": (f"real LAION aesthetic head on a random-weight CLIP ViT (width {args.clip_width}, "
                           f"{args.clip_layers} layers, patch {args.clip_patch} at {image_size} px, initializer_factor "
                           f"{args.clip_init_factor:g}, seed {args.clip_seed})"),
