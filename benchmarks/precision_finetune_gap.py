@@ -45,12 +45,15 @@ def build_reward(args, image_size: int, precision: str):
     """The aesthetic reward described in the module docstring, as a reward function with a `.scorer`."""
     from dalle_lab.align.aesthetic import AestheticHead, AestheticScorer, random_clip_vision, vit_l14_vision_config
 
-    config = vit_l14_vision_config(hidden_size=args.clip_width, intermediate_size=4 * args.clip_width,
-                                   num_hidden_layers=args.clip_layers, num_attention_heads=args.clip_width // 64,
-                                   image_size=image_size, patch_size=args.clip_patch,
-                                   initializer_factor=args.clip_init_factor)
-    scorer = AestheticScorer(random_clip_vision(config, seed=args.clip_seed),
-                             head=AestheticHead.from_file(args.head_path), precision=precision)
+    if args.clip_path:  # real CLIP weights (a GPU makes this practical)
+        scorer = AestheticScorer(args.clip_path, head_path=args.head_path, precision=precision)
+    else:
+        config = vit_l14_vision_config(hidden_size=args.clip_width, intermediate_size=4 * args.clip_width,
+                                       num_hidden_layers=args.clip_layers, num_attention_heads=args.clip_width // 64,
+                                       image_size=image_size, patch_size=args.clip_patch,
+                                       initializer_factor=args.clip_init_factor)
+        scorer = AestheticScorer(random_clip_vision(config, seed=args.clip_seed),
+                                 head=AestheticHead.from_file(args.head_path), precision=precision)
 
     def reward(images, prompts=None):
         return scorer(images)
@@ -231,6 +234,8 @@ def main(argv=None) -> int:
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--lr", type=float, default=3e-5)
     parser.add_argument("--kl_coef", type=float, default=0.01)
+    parser.add_argument("--clip_path", default=None,
+                        help="score with this local CLIP (transformers dir or OpenAI file) instead of the random one")
     parser.add_argument("--clip_width", type=int, default=256)
     parser.add_argument("--clip_layers", type=int, default=6)
     parser.add_argument("--clip_patch", type=int, default=4)
@@ -266,7 +271,8 @@ def main(argv=None) -> int:
     low_reward = build_reward(args, image_size, args.precision)
     results = {"precision": args.precision, "dalle_path": args.dalle_path, "n_eval": args.n_eval,
                "budget_s": args.budget_s, "threads": args.threads,
-               "reward": (f"real LAION aesthetic head on a random-weight CLIP ViT (width {args.clip_width}, "
+               "reward": (f"real LAION aesthetic head on the CLIP at {args.clip_path}" if args.clip_path else
+                          f"real LAION aesthetic head on a random-weight CLIP ViT (width {args.clip_width}, "
                           f"{args.clip_layers} layers, patch {args.clip_patch} at {image_size} px, initializer_factor "
                           f"{args.clip_init_factor:g}, seed {args.clip_seed})"),
                "runs": {}, "histories": {}, "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
