@@ -188,3 +188,10 @@ def test_parity_command_on_images_sampled_by_a_dalle_checkpoint(tiny_clip_dir, t
     saved = json.loads((tmp_path / "out" / "parity.json").read_text())
     assert saved["encoder"]["images"] == ["a red circle", "a blue square on a white background"]
     assert saved["images_source"].startswith("sampled by")
+
+
+def test_parity_command_names_a_missing_file(tmp_path):
+    from dalle_lab.align.parity_cli import main
+
+    with pytest.raises(SystemExit, match="missing.pth"):
+        main(["--head_path", str(tmp_path / "missing.pth"), "--embeddings", str(tmp_path)])

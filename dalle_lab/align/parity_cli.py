@@ -53,7 +53,13 @@ def main(argv=None) -> dict:
         sys.exit("nothing to compare: give --images FOLDER, --dalle_path CKPT --prompts FILE, or --embeddings FOLDER")
     if args.dalle_path and not args.prompts:
         sys.exit("--dalle_path needs --prompts FILE (one prompt per line)")
+    try:
+        return run(args)
+    except (FileNotFoundError, ValueError) as error:  # a missing file, a wrong checkpoint: the message says which
+        sys.exit(f"python -m dalle_lab.align.parity: error: {error}")
 
+
+def run(args) -> dict:
     import torch
 
     from dalle_lab.align import parity
