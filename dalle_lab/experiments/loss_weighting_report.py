@@ -372,10 +372,11 @@ def plot_curves(settings, results: list[dict], path: Path) -> Path | None:
         return None
     axes[0].set_title("text loss (all positions, training)")
     axes[0].set_yscale("log")  # a long text context's pads pull its curve far below the short one's
-    from matplotlib.ticker import ScalarFormatter
+    from matplotlib.ticker import LogLocator, NullFormatter, ScalarFormatter
 
+    axes[0].yaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
     axes[0].yaxis.set_major_formatter(ScalarFormatter())
-    axes[0].yaxis.set_minor_formatter(ScalarFormatter())
+    axes[0].yaxis.set_minor_formatter(NullFormatter())
     axes[1].set_title("image loss (training)")
     for ax in axes:
         ax.set_xlabel("step")
@@ -415,7 +416,10 @@ def plot_accuracy(settings, summary: dict, path: Path) -> Path | None:
                    label="validation captions" if split == "val" else "held-out compositions")
         ax.set_xticks(range(len(present)))
         ax.set_xticklabels([s.label for s in present], fontsize=8)
-        ax.set_ylim(0, 1)
+        tops = [v for s in present for split in ("val", "heldout")
+                for v in summary[s.name].get(f"{split}_{metric}", {}).get("values", [])]
+        # exact match can be a few percent: zoom in rather than draw flat bars on a 0..1 axis
+        ax.set_ylim(0, 1 if metric == "accuracy" else min(1.0, max(0.1, 1.3 * max(tops, default=0.0))))
         ax.set_title("attribute accuracy" if metric == "accuracy" else "exact match")
         ax.grid(axis="y", alpha=0.3)
     axes[0].legend(fontsize=7, loc="upper left")
@@ -448,7 +452,7 @@ def plot_samples(config, settings, results: list[dict], path: Path) -> Path | No
         return None
     from PIL import ImageDraw
 
-    scale, pad, label_w = 2, 2, 90
+    scale, pad, label_w = 2, 2, 70
     size = rows[0][1].shape[1] * scale
     columns = max(len(images) for _, images in rows)
     canvas = Image.new("RGB", (label_w + columns * (size + pad), len(rows) * (size + pad) + pad), "white")
