@@ -354,8 +354,10 @@ def build_parser() -> argparse.ArgumentParser:
                                 description="Train the same Shapes model with loss_img_weight x text_seq_len at "
                                             "equal compute over several seeds; write a report with CIs and plots.")
     grid = p.add_argument_group("grid")
-    grid.add_argument("--loss_img_weights", type=float, nargs="+", default=list(d.loss_img_weights))
-    grid.add_argument("--text_seq_lens", type=int, nargs="+", default=list(d.text_seq_lens))
+    grid.add_argument("--loss_img_weights", type=float, nargs="+", default=list(d.loss_img_weights), metavar="W",
+                      help="loss = (text + W * image) / (W + 1); 1 as CogView, 7 as DALL-E")
+    grid.add_argument("--text_seq_lens", type=int, nargs="+", default=list(d.text_seq_lens), metavar="T",
+                      help="text tokens per caption (Shapes captions have at most 12)")
     grid.add_argument("--seeds", type=int, default=d.seeds, help="seeds per setting (0 .. N-1)")
     model = p.add_argument_group("model")
     for name in ("dim", "depth", "heads", "dim_head"):
