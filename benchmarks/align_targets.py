@@ -201,12 +201,14 @@ def main(argv=None) -> int:
     report = Path(args.report_dir)
     report.mkdir(parents=True, exist_ok=True)
     results_path = report / "targets.json"
-    results = json.loads(results_path.read_text()) if results_path.exists() else {}
     tasks = ("jpeg", "shapes", "compare") if args.task == "all" else (args.task,)
     for task in tasks:
-        results[task] = {"task": {"jpeg": task_jpeg, "shapes": task_shapes, "compare": task_compare}[task](args, report),
-                         "dalle_path": args.dalle_path, "threads": args.threads,
-                         "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+        result = {"task": {"jpeg": task_jpeg, "shapes": task_shapes, "compare": task_compare}[task](args, report),
+                  "dalle_path": args.dalle_path, "threads": args.threads,
+                  "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+        # read just before writing: tasks may run as separate processes side by side
+        results = json.loads(results_path.read_text()) if results_path.exists() else {}
+        results[task] = result
         results_path.write_text(json.dumps(results, indent=1, default=str))
     print(f"results: {results_path}")
     return 0

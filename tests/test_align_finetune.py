@@ -246,3 +246,9 @@ def test_evaluate_model_reports_reward_checker_and_zero_kl_against_itself(tokeni
     assert again["reward_mean"] == pytest.approx(result["reward_mean"])  # same seed, same samples
     better = dict(again, reward_mean=again["reward_mean"] + 3 * 2 ** 0.5 * again["reward_se"])
     assert improvement_in_se(again, better) == pytest.approx(3.0)
+
+
+def test_time_budget_stops_before_an_epoch_that_would_overrun(tokenizer, tmp_path):
+    trainer = make_trainer(tokenizer, tmp_path, epochs=5, inner_epochs=1, time_budget_s=1e-6)
+    history = trainer.train()
+    assert len(history) == 1  # the first epoch runs; its duration says a second one would overrun the budget

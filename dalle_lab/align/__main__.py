@@ -23,7 +23,7 @@ from dalle_lab.align.config import AlignConfig
 _HELP = {
     "method": "policy_gradient (PPO over image tokens, any reward) or reward_backprop (differentiable rewards)",
     "reward": "a reward name or weighted sum, e.g. jpeg_compressibility or jpeg_compressibility:1+shapes_faithfulness:2",
-    "time_budget_s": "stop after the epoch that crosses this many seconds of fine-tuning",
+    "time_budget_s": "seconds of fine-tuning: no epoch starts that would end past it (judged by the last epoch)",
     "lora_rank": "0 fine-tunes every weight; >0 trains only LoRA adapters of this rank",
     "advantage": "per_prompt (DDPO's running per-prompt statistics) or group (GRPO normalisation within the epoch)",
     "backprop_last_k": "reward_backprop: the gradient reaches the model through the last K image tokens",

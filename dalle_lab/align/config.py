@@ -24,7 +24,7 @@ class AlignConfig:
     max_grad_norm: float = 1.0
     kl_coef: float = 0.01  # per-token KL penalty to the frozen starting model
     seed: int = 0
-    time_budget_s: float | None = None  # stop after the epoch that crosses this many seconds of fine-tuning
+    time_budget_s: float | None = None  # seconds of fine-tuning; no epoch starts that is expected to end past it
     lora_rank: int = 0  # 0 = fine-tune every weight; >0 = train only LoRA adapters of this rank
     lora_alpha: float = 16.0
     deepspeed_zero_stage: int | None = None  # None: plain PyTorch; 0, 1 or 2: DeepSpeed's engine at that ZeRO stage

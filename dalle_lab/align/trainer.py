@@ -75,6 +75,7 @@ class AlignTrainer:
         self.epoch = 0
         self.images_sampled = 0
         self.elapsed_s = 0.0
+        self._last_epoch_s = 0.0  # duration of the latest epoch: the time-budget check's estimate of the next one
         self.history: list[dict] = []
         self._build_extra_state()
         if resume and (self.out_dir / STATE_FILE).exists():
@@ -231,8 +232,10 @@ class AlignTrainer:
         return [pool[i] for i in chosen for _ in range(cfg.group_size)]
 
     def out_of_time(self) -> bool:
+        """True when the next epoch would end past `time_budget_s`, judged by how long the last epoch took (so a run
+        stays within its budget rather than overshooting it by up to an epoch)."""
         budget = self.config.time_budget_s
-        return budget is not None and self.elapsed_s >= budget
+        return budget is not None and self.elapsed_s + self._last_epoch_s > budget
 
     def train(self) -> list[dict]:
         cfg = self.config
@@ -243,7 +246,8 @@ class AlignTrainer:
             start = time.perf_counter()
             prompts = self.epoch_prompts(self.epoch)
             log = self.train_epoch(prompts)
-            self.elapsed_s += time.perf_counter() - start
+            self._last_epoch_s = time.perf_counter() - start
+            self.elapsed_s += self._last_epoch_s
             self.images_sampled += len(prompts)
             log = {"epoch": self.epoch, "images_sampled": self.images_sampled,
                    "elapsed_s": round(self.elapsed_s, 2), **log}
