@@ -1,6 +1,6 @@
 """The default image tokenizer for the built-in Shapes data: shipped in dalle_lab/assets, or trained into the cache.
 
-The shipped files were produced by (see docs/vae.md for its measured quality):
+Reproduce the shipped files (docs/vae.md has how they were made and their measured quality):
 
     python train_vae.py --out_dir runs/shapes_vqgan     # VAETrainConfig defaults
     cp runs/shapes_vqgan/vqgan.ckpt dalle_lab/assets/shapes_vqgan.ckpt

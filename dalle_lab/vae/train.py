@@ -51,7 +51,7 @@ class VAETrainConfig:
     val_size: int = 512
     seed: int = 0
     # optimisation
-    steps: int = 2000
+    steps: int = 2500
     batch_size: int = 16
     lr: float = 2e-3
     warmup_steps: int = 100
