@@ -43,6 +43,10 @@ def atomic_write(path: str | os.PathLike, write: Callable[[str], Any]) -> Path:
     os.close(fd)
     try:
         write(tmp)
+        # mkstemp creates 0600 files; give the result the permissions a plain open() would have
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):
