@@ -57,6 +57,8 @@ def ensure_peer_venv(venv: Path = PEER_VENV) -> Path:
     # install from swapping it for another build.
     _pip(python, "-c", str(constraints), f"torch=={torch_version}")
     _pip(python, "-c", str(constraints), "--no-deps", PEER_PACKAGE)
+    print("[peer-env] pip will list requirements of dalle-pytorch that are not installed: that is on purpose "
+          "(torchvision, CUDA torch, taming, ...), see the top of benchmarks/perf/peer_env.py", flush=True)
     _pip(python, "-c", str(constraints), *PEER_NEEDS)
     check = subprocess.run(
         [str(python), "-c", "import sys; sys.path.insert(0, sys.argv[1]); import peer_shims; peer_shims.import_peer()",

@@ -11,6 +11,7 @@ cached sampler a fair chance. Used only inside the peer's environment; nothing i
 from __future__ import annotations
 
 import importlib.metadata
+import importlib.util
 import sys
 import types
 
@@ -32,9 +33,8 @@ def _stub(name: str, **attrs) -> None:
 
 
 def install_stubs() -> None:
-    try:
-        import pkg_resources  # noqa: F401  (older setuptools still has it)
-    except ImportError:
+    # setuptools >= 81 dropped pkg_resources; older ones still ship it (then the real one is used)
+    if "pkg_resources" not in sys.modules and importlib.util.find_spec("pkg_resources") is None:
         _stub("pkg_resources",
               get_distribution=lambda name: types.SimpleNamespace(version=importlib.metadata.version(name)))
     _stub("requests")  # only used to download pretrained VAEs

@@ -2,8 +2,8 @@
 
 Ratios are "ours / peer" in speed (throughput), so > 1 means ours is faster, and each is the median over rounds of
 the ratio between the two runs of the same round (neighbouring runs see the same machine load). They are given by
-wall-clock time and by CPU time (all threads): under heavy load from other jobs the CPU-time ratio is the steadier. Memory ratios are
-ours / peer peak resident memory, so < 1 means ours uses less.
+wall-clock time and by CPU time (all threads): under heavy load from other jobs the CPU-time ratio is the steadier.
+Memory ratios are ours / peer peak resident memory, so < 1 means ours uses less.
 
 MFU (model FLOPs utilisation) = 6 * non-embedding parameters * training tokens/s / matmul ceiling (FLOP/s): the
 usual 2 FLOPs per parameter per token forward and 4 backward, attention's own score FLOPs left out, as in the issue.
