@@ -109,6 +109,7 @@ def measure_generate(bench, batch: int, use_cache: bool, filter_thres: float, re
     # Evidence that the cache is really used: count the sequence lengths the transformer stack is called with.
     lengths = []
     stack = getattr(model, "transformer", None)
+
     def record(module, args):
         if args and torch.is_tensor(args[0]) and args[0].dim() == 3:
             lengths.append(args[0].shape[1])
