@@ -51,7 +51,7 @@ class VAETrainConfig:
     val_size: int = 512
     seed: int = 0
     # optimisation
-    steps: int = 2500
+    steps: int = 3000
     batch_size: int = 16
     lr: float = 2e-3
     warmup_steps: int = 100
