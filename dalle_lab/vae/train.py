@@ -17,7 +17,7 @@ import json
 import math
 import os
 import time
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -540,8 +540,3 @@ def train_vae(cfg: VAETrainConfig) -> dict[str, Any]:
     ckpt_path, _ = export_tokenizer(cfg, last, out / "vqgan.ckpt", yaml_path)
     metrics.update({"checkpoint": str(ckpt_path), "config": str(yaml_path), "last": str(last)})
     return metrics
-
-
-def config_fields() -> list:
-    """The dataclass fields of VAETrainConfig (train_vae.py builds its flags from these)."""
-    return list(fields(VAETrainConfig))
