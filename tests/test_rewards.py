@@ -72,3 +72,26 @@ def test_user_callable_passes_through_and_worker_overlaps():
 def test_bad_image_shape_is_named():
     with pytest.raises(ValueError, match="batch of images"):
         R.jpeg_size_kb(torch.rand(3, 8, 8))
+
+
+def test_aesthetic_reward_wraps_the_scorer_differentiably():
+    """Wiring only (the head's real scores are tested in test_aesthetic.py): a tiny random CLIP tower + the LAION head."""
+    import os
+    from pathlib import Path
+
+    from dalle_lab.align.aesthetic import random_clip_vision, vit_l14_vision_config
+
+    assets = os.environ.get("DALLE_LAB_AESTHETIC_ASSETS", Path(__file__).resolve().parents[2] / "shared" / "assets" /
+                            "aesthetic")  # the same shared copy test_aesthetic.py uses
+    head = Path(assets) / "sac+logos+ava1-l14-linearMSE.pth"
+    if not head.is_file():
+        pytest.skip(f"the LAION head is not at {head}")
+    tiny = random_clip_vision(vit_l14_vision_config(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                                    num_attention_heads=2, image_size=28, patch_size=14))
+    reward = R.get_reward("aesthetic:2", clip_path=tiny, head_path=str(head))
+    images = _flat_and_noisy().requires_grad_(True)
+    scores = reward(images, ["a", "b"])
+    assert scores.shape == (2,) and torch.isfinite(scores).all()
+    assert R.is_differentiable(reward)
+    scores.sum().backward()
+    assert images.grad.abs().sum() > 0
