@@ -168,7 +168,8 @@ def finding_lines(rows: list[dict]) -> list[str]:
         lines.append(f"- {'The other' if robust or nominal else 'All'} {rest} comparisons: no significant "
                      "difference.")
     if untestable:
-        lines.append(f"- {len(untestable)} comparisons could not be tested (fewer than 2 seeds on a side).")
+        lines.append(f"- {len(untestable)} comparisons could not be tested (fewer than 2 seeds on a side, or no "
+                     "spread across seeds on either side).")
     return lines
 
 

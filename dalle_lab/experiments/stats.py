@@ -88,7 +88,8 @@ def mean_ci(values: Sequence[float], confidence: float = 0.95) -> Interval:
 def welch_test(a: Sequence[float], b: Sequence[float], confidence: float = 0.95) -> WelchResult:
     """Welch's t-test of mean(a) - mean(b). Needs 2+ values per side (else t, p and the interval are nan).
 
-    Two sides with zero spread: an exact tie gives p = 1, any difference p = 0 (the test's limit).
+    Two sides with zero spread (e.g. an exact-match rate of 1/200 in every seed): an exact tie gives p = 1; a
+    difference gives nan, not the test's limit p = 0, because a few identical seeds are no evidence of certainty.
     """
     from scipy.stats import t as student_t
 
@@ -100,8 +101,8 @@ def welch_test(a: Sequence[float], b: Sequence[float], confidence: float = 0.95)
     se_a, se_b = var_a / len(a), var_b / len(b)
     se2 = se_a + se_b
     if se2 == 0:
-        return WelchResult(diff, 0.0, math.copysign(math.inf, diff) if diff else 0.0, math.nan,
-                           1.0 if diff == 0 else 0.0, len(a), len(b), confidence)
+        return WelchResult(diff, 0.0 if diff == 0 else math.nan, 0.0 if diff == 0 else math.nan, math.nan,
+                           1.0 if diff == 0 else math.nan, len(a), len(b), confidence)
     df = se2 ** 2 / (se_a ** 2 / (len(a) - 1) + se_b ** 2 / (len(b) - 1))
     t = diff / math.sqrt(se2)
     p = float(2 * student_t.sf(abs(t), df))
