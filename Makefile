@@ -11,8 +11,9 @@ install:
 demo: install
 	bash scripts/demo.sh
 
+# DALLE_LAB_SLOW_TESTS=1 includes the two tests that start two processes (about 30 s each)
 test: install
-	$(PY) -m pytest -q -n 2 tests
+	DALLE_LAB_SLOW_TESTS=1 $(PY) -m pytest -q -n 2 tests
 
 quick-bench: install
 	$(PY) benchmarks/perf/run.py --quick
