@@ -18,13 +18,6 @@ TINY_FLAGS = ["--dim", "32", "--depth", "1", "--heads", "2", "--dim_head", "16",
               "--warmup_steps", "1", "--sample_every_n_steps", "0", "--log_every_n_steps", "1", "--no-progress"]
 
 
-@pytest.fixture(scope="module")
-def tiny_vqgan(tmp_path_factory):
-    from dalle_lab.vae.tiny import make_tiny_vqgan
-
-    return make_tiny_vqgan(tmp_path_factory.mktemp("vqgan"))
-
-
 def vqgan_flags(tiny_vqgan):
     return ["--vqgan_model_path", str(tiny_vqgan[0]), "--vqgan_config_path", str(tiny_vqgan[1])]
 

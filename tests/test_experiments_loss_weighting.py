@@ -14,13 +14,6 @@ from dalle_lab.experiments.shapes_eval import EvalSettings, caption_token_mask
 from dalle_lab.experiments.stats import mean_ci
 
 
-@pytest.fixture(scope="module")
-def tiny_vqgan(tmp_path_factory):
-    from dalle_lab.vae.tiny import make_tiny_vqgan
-
-    return make_tiny_vqgan(tmp_path_factory.mktemp("vqgan"))
-
-
 def tiny_study(tiny_vqgan, root, **overrides) -> lw.StudyConfig:
     ckpt, yaml = tiny_vqgan
     settings = dict(seeds=2, steps=4, batch_size=4, warmup_steps=1, dim=32, depth=1, heads=2, dim_head=16,

@@ -17,13 +17,6 @@ from dalle_lab.training.precision import Precision, resolve_precision  # noqa: E
 TINY_MODEL = dict(dim=32, depth=1, heads=2, dim_head=16, null_cond_prob=0.0)
 
 
-@pytest.fixture(scope="module")
-def tiny_vqgan(tmp_path_factory):
-    from dalle_lab.vae.tiny import make_tiny_vqgan
-
-    return make_tiny_vqgan(tmp_path_factory.mktemp("vqgan"))
-
-
 def ds_config(tiny_vqgan, output_dir, **overrides) -> TrainConfig:
     ckpt, yaml = tiny_vqgan
     settings = dict(vqgan_model_path=str(ckpt), vqgan_config_path=str(yaml), batch_size=4, max_steps=4,
