@@ -34,7 +34,7 @@ def test_default_vocab_loads_from_any_cwd(tmp_path, monkeypatch):
 
 def test_missing_default_vocab_says_how_to_rebuild(tmp_path, monkeypatch):
     monkeypatch.setattr(loading, "DEFAULT_BPE_PATH", tmp_path / "bpe" / "shapes.model")
-    with pytest.raises(FileNotFoundError, match="dalle_lab.tokenizers.train --shapes"):
+    with pytest.raises(FileNotFoundError, match="dalle_lab.tokenizers.train --dataset shapes"):
         get_tokenizer()
 
 

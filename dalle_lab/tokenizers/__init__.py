@@ -1,5 +1,5 @@
 """BPE text tokenizers: youtokentome `.model` and HuggingFace tokenizers `.json` vocabularies, the shipped default
-vocabulary for the Shapes captions (bpe/shapes.model), and training a custom vocabulary.
+vocabularies of the built-in datasets (bpe/shapes.model, bpe/emoji.model), and training a custom vocabulary.
 
 Backends import their libraries only when a tokenizer is built, so importing this package stays light.
 See bpe/README.md for the user-facing guide.

@@ -7,19 +7,34 @@ from pathlib import Path
 from dalle_lab.tokenizers.base import TextTokenizer
 
 # bpe/ sits at the repository root, beside the package (the package is installed editable from the repo).
-DEFAULT_BPE_PATH = Path(__file__).resolve().parents[2] / "bpe" / "shapes.model"
-SHAPES_VOCAB_COMMAND = "python -m dalle_lab.tokenizers.train --shapes --vocab_size 256 --output bpe/shapes.model"
+BPE_DIR = Path(__file__).resolve().parents[2] / "bpe"
+DEFAULT_BPE_PATH = BPE_DIR / "shapes.model"
+# The shipped vocabulary of each built-in dataset (bpe/<dataset>.model) and the command that rebuilds it.
+SHIPPED_VOCAB_SIZES = {"shapes": 256, "emoji": 1024}
 
 
-def default_bpe_path() -> Path:
-    """The shipped vocabulary for the built-in Shapes captions, with a clear error when it is missing."""
-    if not DEFAULT_BPE_PATH.is_file():
+def rebuild_command(dataset: str) -> str:
+    return (f"python -m dalle_lab.tokenizers.train --dataset {dataset} --vocab_size {SHIPPED_VOCAB_SIZES[dataset]} "
+            f"--output bpe/{dataset}.model")
+
+
+def shipped_bpe_path(dataset: str) -> Path:
+    return DEFAULT_BPE_PATH if dataset == "shapes" else BPE_DIR / f"{dataset}.model"
+
+
+def default_bpe_path(dataset: str = "shapes") -> Path:
+    """The shipped vocabulary for a built-in dataset's captions, with a clear error when it is missing."""
+    if dataset not in SHIPPED_VOCAB_SIZES:
+        raise ValueError(f"no shipped vocabulary for dataset {dataset!r} (have: {', '.join(SHIPPED_VOCAB_SIZES)}); "
+                         "pass --bpe_path")
+    path = shipped_bpe_path(dataset)
+    if not path.is_file():
         raise FileNotFoundError(
-            f"the default text vocabulary {DEFAULT_BPE_PATH} is missing. It ships in the repository's bpe/ folder: "
+            f"the default text vocabulary {path} is missing. It ships in the repository's bpe/ folder: "
             f"install dalle_lab editable from a full checkout (pip install -e .), pass your own vocabulary with "
-            f"--bpe_path, or rebuild it with `{SHAPES_VOCAB_COMMAND}`"
+            f"--bpe_path, or rebuild it with `{rebuild_command(dataset)}`"
         )
-    return DEFAULT_BPE_PATH
+    return path
 
 
 def backend_for(path: str | os.PathLike) -> str:
@@ -33,10 +48,10 @@ def backend_for(path: str | os.PathLike) -> str:
         return "hf" if handle.read(64).lstrip().startswith(b"{") else "yttm"
 
 
-def get_tokenizer(bpe_path: str | os.PathLike | None = None) -> TextTokenizer:
+def get_tokenizer(bpe_path: str | os.PathLike | None = None, dataset: str = "shapes") -> TextTokenizer:
     """Load a youtokentome `.model` or HuggingFace tokenizers `.json` vocabulary; None loads the shipped
-    `bpe/shapes.model`."""
-    path = default_bpe_path() if bpe_path is None else Path(bpe_path).expanduser()
+    vocabulary of the built-in `dataset` (`bpe/shapes.model`, `bpe/emoji.model`)."""
+    path = default_bpe_path(dataset) if bpe_path is None else Path(bpe_path).expanduser()
     if not path.is_file():
         raise FileNotFoundError(
             f"text vocabulary {path} does not exist (--bpe_path). Pass a youtokentome .model or HuggingFace "
@@ -55,14 +70,15 @@ def get_tokenizer(bpe_path: str | os.PathLike | None = None) -> TextTokenizer:
 def load_tokenizer(identity: dict) -> TextTokenizer:
     """Rebuild the tokenizer a checkpoint recorded (`tokenizer.identity`) and check it is the same file.
 
-    When the recorded path does not exist here (a checkpoint from another machine) but the hash is the shipped
-    default's, the shipped file is used.
+    When the recorded path does not exist here (a checkpoint from another machine) but the hash is one of the
+    shipped vocabularies', that shipped file is used.
     """
     path, sha256 = Path(identity["path"]), identity.get("sha256")
-    if not path.is_file() and DEFAULT_BPE_PATH.is_file():
-        default = get_tokenizer(DEFAULT_BPE_PATH)
-        if default.sha256 == sha256:
-            return default
+    if not path.is_file():
+        for dataset in SHIPPED_VOCAB_SIZES:
+            shipped = shipped_bpe_path(dataset)
+            if shipped.is_file() and get_tokenizer(shipped).sha256 == sha256:
+                return get_tokenizer(shipped)
     if not path.is_file():
         raise FileNotFoundError(
             f"the checkpoint's text vocabulary {path} does not exist on this machine; copy that file here and "

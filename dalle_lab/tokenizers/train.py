@@ -2,7 +2,8 @@
 
     python -m dalle_lab.tokenizers.train --input captions.txt --vocab_size 2000 --output my.model
     python -m dalle_lab.tokenizers.train --input path/to/image_text_folder --vocab_size 2000 --output my.json
-    python -m dalle_lab.tokenizers.train --shapes --vocab_size 256 --output bpe/shapes.model   # the shipped one
+    python -m dalle_lab.tokenizers.train --dataset shapes --vocab_size 256 --output bpe/shapes.model  # shipped
+    python -m dalle_lab.tokenizers.train --dataset emoji --vocab_size 1024 --output bpe/emoji.model   # shipped
 """
 from __future__ import annotations
 
@@ -11,13 +12,25 @@ import os
 import sys
 from pathlib import Path
 
+from dalle_lab.data.builtin import BUILTIN_DATASETS
 from dalle_lab.tokenizers.vocab import (
     BACKENDS,
-    SHAPES_EXTRA_CHARACTERS,
+    SPELLING_CHARACTERS,
     caption_lengths,
     collect_captions,
     train_bpe,
 )
+
+
+def training_captions(dataset: str) -> list[str]:
+    """The captions a built-in dataset's vocabulary is trained on."""
+    if dataset == "shapes":
+        from dalle_lab.data.shapes import all_captions
+
+        return all_captions()
+    from dalle_lab.data.emoji import EmojiDataset
+
+    return EmojiDataset("train").captions()  # validation names stay unseen, words and all
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -25,8 +38,10 @@ def build_parser() -> argparse.ArgumentParser:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--input", nargs="+", default=[], metavar="PATH",
                         help="caption text files (one caption a line) and/or image-text folders")
-    parser.add_argument("--shapes", action="store_true",
-                        help="add every caption of the built-in Shapes grammar (the recipe of bpe/shapes.model)")
+    parser.add_argument("--dataset", choices=BUILTIN_DATASETS, action="append", default=[],
+                        help="add a built-in dataset's training captions (shapes: every caption of the grammar, "
+                             "the recipe of bpe/shapes.model; emoji: the training split's names)")
+    parser.add_argument("--shapes", action="store_true", help="the same as --dataset shapes")
     parser.add_argument("--vocab_size", type=int, required=True,
                         help="most tokens in the vocabulary, pad/unk/bos/eos included")
     parser.add_argument("--output", required=True, help="where to write it: *.model (yttm) or *.json (hf)")
@@ -40,22 +55,21 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if not args.input and not args.shapes:
-        build_parser().error("give --input PATH [PATH ...] and/or --shapes")
+    datasets = list(dict.fromkeys(args.dataset + (["shapes"] if args.shapes else [])))
+    if not args.input and not datasets:
+        build_parser().error("give --input PATH [PATH ...] and/or --dataset shapes|emoji")
 
     sources: list = [Path(p) for p in args.input]
-    extra_characters = ""
-    if args.shapes:
-        from dalle_lab.data.shapes import all_captions
-
-        sources += all_captions()
-        extra_characters = SHAPES_EXTRA_CHARACTERS
+    # a built-in vocabulary also spells out any ASCII word letter by letter, so no prompt is lost to <unk>
+    extra_characters = SPELLING_CHARACTERS if datasets else ""
     try:
+        for name in datasets:
+            sources += training_captions(name)
         captions = collect_captions(sources)
         tokenizer = train_bpe(captions, args.vocab_size, args.output, backend=args.backend,
                               extra_characters=extra_characters, verbose=args.verbose)
         lengths = caption_lengths(tokenizer, captions)
-    except (ValueError, FileNotFoundError, RuntimeError) as error:
+    except (ValueError, FileNotFoundError, RuntimeError, ImportError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
 

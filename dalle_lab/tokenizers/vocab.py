@@ -21,9 +21,9 @@ Source = Union[str, os.PathLike]
 BACKENDS = ("yttm", "hf")
 # A BPE vocabulary needs one token per character, the word-start marker "▁" and pad/unk/bos/eos.
 _FIXED_TOKENS = 1 + 4
-# Always spelled by the shipped Shapes vocabulary, so prompts outside the grammar encode letter by letter
+# Always spelled by the shipped vocabularies, so prompts outside the grammar encode letter by letter
 # instead of turning into unk.
-SHAPES_EXTRA_CHARACTERS = string.ascii_lowercase + string.digits + ".,;:!?'\"-()&/+%#"
+SPELLING_CHARACTERS = string.ascii_lowercase + string.digits + ".,;:!?'\"-()&/+%#"
 SHAPES_VOCAB_SIZE = 256
 
 
@@ -206,4 +206,4 @@ def train_shapes_vocab(output_path: Source, vocab_size: int = SHAPES_VOCAB_SIZE,
     from dalle_lab.data.shapes import all_captions
 
     return train_bpe(all_captions(), vocab_size, output_path, backend=backend,
-                     extra_characters=SHAPES_EXTRA_CHARACTERS, verbose=verbose)
+                     extra_characters=SPELLING_CHARACTERS, verbose=verbose)

@@ -21,14 +21,15 @@ HELP = {
     "stable": "CogView PB-relax against low-precision overflow", "sandwich_norm": "LayerNorm after every branch",
     "attn_dropout": "attention dropout", "ff_dropout": "feed-forward dropout", "ff_mult": "feed-forward width factor",
     "null_cond_prob": "caption dropout probability (classifier-free guidance)",
-    "image_text_folder": "folder of images + .txt captions (or shard urls with --wds); none: built-in Shapes data",
+    "dataset": "built-in data when no --image_text_folder: shapes|emoji (each brings its vocabulary and tokenizer)",
+    "image_text_folder": "folder of images + .txt captions (or shard urls with --wds); none: built-in --dataset",
     "wds": "WebDataset image and caption keys, e.g. jpg,txt (shards given by --image_text_folder)",
     "truncate_captions": "cut captions longer than text_seq_len instead of failing",
     "num_workers": "data loader workers (folders)",
-    "bpe_path": "text vocabulary (.model youtokentome / .json HF tokenizers); none: the shipped one",
-    "vqgan_model_path": "taming VQGAN .ckpt (with --vqgan_config_path); none: the default Shapes tokenizer",
+    "bpe_path": "text vocabulary (.model youtokentome / .json HF tokenizers); none: the --dataset's shipped one",
+    "vqgan_model_path": "taming VQGAN .ckpt (with --vqgan_config_path); none: the --dataset's default tokenizer",
     "vqgan_config_path": "taming VQGAN .yaml",
-    "epochs": "epochs over a folder/shards (not for the endless Shapes stream)",
+    "epochs": "epochs over a folder/shards/emoji (not for the endless Shapes stream)",
     "max_steps": "stop after this many optimizer steps (also the LR decay horizon)",
     "max_minutes": "stop after this many minutes of training",
     "batch_size": "samples per process per micro-batch", "ga_steps": "gradient accumulation micro-batches per step",
@@ -89,8 +90,8 @@ def build_train_parser() -> argparse.ArgumentParser:
     from dalle_lab.model import DALLEConfig
 
     parser = argparse.ArgumentParser(
-        description="Train a DALLE text-to-image transformer. With no data flags: the built-in Shapes data, the "
-                    "default image tokenizer and the shipped BPE vocabulary.",
+        description="Train a DALLE text-to-image transformer. With no data flags: the built-in Shapes data, its "
+                    "default image tokenizer and its shipped BPE vocabulary (--dataset emoji: the same for emoji).",
     )
     model = parser.add_argument_group("model (defaults: DALLEConfig)")
     _add_fields(model, DALLEConfig, DALLEConfig(), skip=DERIVED_MODEL_FIELDS, none_default={"num_text_tokens"})

@@ -10,7 +10,9 @@ from dataclasses import asdict, dataclass, field
 
 @dataclass
 class TrainConfig:
-    # data: no folder and no shards -> the built-in Shapes data, rendered fresh every step
+    # data: no folder and no shards -> the built-in `dataset` ("shapes": rendered fresh every step; "emoji": the
+    # Twemoji drawings, epoch by epoch), with that dataset's shipped text vocabulary and image tokenizer
+    dataset: str = "shapes"
     image_text_folder: str | None = None  # a folder of image + .txt pairs, or with `wds` the shard url(s)
     wds: str | None = None  # set (e.g. "jpg,txt", as DALLE-pytorch) to read WebDataset shards from image_text_folder
     truncate_captions: bool = False

@@ -191,7 +191,8 @@ def train(cfg: TrainConfig, model_overrides: dict | None = None, *, tokenizer=No
 
 def _summary(cfg, model, precision, engine, dist, micro_batch, ga_steps, latest_path) -> str:
     params = sum(p.numel() for p in model.parameters())
-    data = cfg.image_text_folder or "built-in Shapes (fresh batches)"
+    data = cfg.image_text_folder or ("built-in Shapes (fresh batches)" if cfg.dataset == "shapes"
+                                      else f"built-in {cfg.dataset}")
     budget = ", ".join(f"{name} {value}" for name, value in (("max_steps", cfg.max_steps),
                                                               ("max_minutes", cfg.max_minutes),
                                                               ("epochs", cfg.epochs)) if value is not None)
@@ -217,20 +218,20 @@ def _device(cfg: TrainConfig, dist: DistInfo):
 def _tokenizer(cfg: TrainConfig):
     from dalle_lab.tokenizers import get_tokenizer
 
-    return get_tokenizer(cfg.bpe_path)
+    return get_tokenizer(cfg.bpe_path, dataset=_builtin(cfg))
 
 
 def _vae(cfg: TrainConfig):
     if (cfg.vqgan_model_path is None) != (cfg.vqgan_config_path is None):
         raise ValueError("give both --vqgan_model_path (.ckpt) and --vqgan_config_path (.yaml), or neither for the "
-                         "default Shapes image tokenizer")
+                         f"default image tokenizer of --dataset {cfg.dataset}")
     if cfg.vqgan_model_path:
         from dalle_lab.vae import VQGanVAE
 
         return VQGanVAE(cfg.vqgan_model_path, cfg.vqgan_config_path)
     from dalle_lab.vae import default_vae
 
-    return default_vae()
+    return default_vae(dataset=_builtin(cfg))
 
 
 def _model_config(overrides: dict, tokenizer, vae, init_ckpt) -> dict:
@@ -283,7 +284,21 @@ def _engine(cfg: TrainConfig, model, optimizer, precision, dist: DistInfo):
     return PlainEngine(model, optimizer, precision, dist, cfg.clip_grad_norm, cfg.ga_steps, cfg.batch_size)
 
 
+def _builtin(cfg: TrainConfig) -> str:
+    """The built-in dataset whose vocabulary and image tokenizer are the defaults (checked, even for user data)."""
+    from dalle_lab.data.builtin import check_builtin
+
+    return check_builtin(cfg.dataset)
+
+
 def _source(cfg: TrainConfig, dist: DistInfo, batch_size: int, image_size: int, position: dict | None):
+    if position and position.get("kind") != _source_kind(cfg):
+        kinds = {"shapes": "the built-in Shapes stream", "folder": "an image-text folder or the built-in emoji data",
+                 "webdataset": "WebDataset shards"}
+        raise ckpt_io.CheckpointError(
+            f"the checkpoint was reading {kinds.get(position.get('kind'), position.get('kind'))}, this run reads "
+            f"{kinds[_source_kind(cfg)]}: resume with the data flags of the original run "
+            "(--dataset / --image_text_folder / --wds)")
     if cfg.wds:
         # DALLE-pytorch's --wds names the image and caption members ("jpg,txt"); dalle_lab.data finds an image
         # member of any known extension and the txt member by itself, so the value only switches shards on.
@@ -296,7 +311,19 @@ def _source(cfg: TrainConfig, dist: DistInfo, batch_size: int, image_size: int, 
 
         dataset = TextImageFolder(cfg.image_text_folder, image_size=image_size)
         return FolderBatches(dataset, batch_size, cfg.seed, dist.rank, dist.world_size, position, cfg.num_workers)
+    if _builtin(cfg) == "emoji":
+        from dalle_lab.data.builtin import builtin_dataset
+
+        dataset = builtin_dataset("emoji", "train", image_size=image_size)
+        return FolderBatches(dataset, batch_size, cfg.seed, dist.rank, dist.world_size, position, cfg.num_workers)
     return ShapesStream(batch_size, image_size, cfg.seed, dist.rank, dist.world_size, position)
+
+
+def _source_kind(cfg: TrainConfig) -> str:
+    """What kind of position a source of these settings records (see batches.py)."""
+    if cfg.wds:
+        return "webdataset"
+    return "folder" if cfg.image_text_folder or cfg.dataset != "shapes" else "shapes"
 
 
 def _total_steps(cfg: TrainConfig, source) -> int | None:
@@ -340,9 +367,9 @@ def _sample_captions(cfg: TrainConfig) -> list[str]:
         return list(cfg.sample_captions)
     if cfg.image_text_folder:
         return []  # no known captions for a user's data: give --sample_captions to get grids
-    from dalle_lab.data import validation_captions
+    from dalle_lab.data.builtin import builtin_captions
 
-    return validation_captions(SAMPLE_GRID_SIZE)
+    return builtin_captions(_builtin(cfg), SAMPLE_GRID_SIZE)
 
 
 # ------------------------------------------------------------------------------------------------ periodic work

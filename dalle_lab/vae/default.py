@@ -1,10 +1,12 @@
-"""The default image tokenizer for the built-in Shapes data: shipped in dalle_lab/assets, or trained into the cache.
+"""The default image tokenizer of each built-in dataset: shipped in dalle_lab/assets, or trained into the cache.
 
-Reproduce the shipped files (docs/vae.md has how they were made and their measured quality):
+Reproduce a shipped pair (docs/vae.md has how they were made and their measured quality):
 
-    python train_vae.py --out_dir runs/shapes_vqgan     # VAETrainConfig defaults
+    python train_vae.py --out_dir runs/shapes_vqgan                    # VAETrainConfig defaults
     cp runs/shapes_vqgan/vqgan.ckpt dalle_lab/assets/shapes_vqgan.ckpt
     cp runs/shapes_vqgan/vqgan.yaml dalle_lab/assets/shapes_vqgan.yaml
+
+and the same with `recipe_command("emoji")` for dalle_lab/assets/emoji_vqgan.*.
 """
 from __future__ import annotations
 
@@ -12,7 +14,18 @@ import os
 from pathlib import Path
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
-NAME = "shapes_vqgan"
+NAME = "shapes_vqgan"  # the main job's tokenizer
+
+# The train_vae.py settings (VAETrainConfig overrides) that produce each dataset's tokenizer.
+RECIPES: dict[str, dict] = {
+    "shapes": {},
+    "emoji": {"data": "emoji", "steps": 3000},
+}
+
+
+def recipe_command(dataset: str) -> str:
+    flags = " ".join(f"--{key} {value}" for key, value in RECIPES[dataset].items())
+    return f"python train_vae.py {flags} --out_dir runs/{dataset}_vqgan".replace("  ", " ")
 
 
 def cache_root(cache_dir: str | os.PathLike | None = None) -> Path:
@@ -22,24 +35,29 @@ def cache_root(cache_dir: str | os.PathLike | None = None) -> Path:
     return Path(os.environ.get("DALLE_LAB_CACHE") or Path.home() / ".cache" / "dalle_lab")
 
 
-def shipped_paths() -> tuple[Path, Path]:
-    return ASSETS / f"{NAME}.ckpt", ASSETS / f"{NAME}.yaml"
+def shipped_paths(dataset: str = "shapes") -> tuple[Path, Path]:
+    return ASSETS / f"{dataset}_vqgan.ckpt", ASSETS / f"{dataset}_vqgan.yaml"
 
 
-def default_vae(cache_dir: str | os.PathLike | None = None):
-    """The Shapes tokenizer (32 px -> 8x8 tokens): the shipped one, else a cached one, else train one (minutes)."""
+def default_vae(cache_dir: str | os.PathLike | None = None, dataset: str = "shapes"):
+    """A built-in dataset's tokenizer (Shapes: 32 px -> 8x8 tokens): the shipped one, else a cached one, else
+    train one with its recipe (minutes on a CPU)."""
     from .vqgan import VQGanVAE
 
-    ckpt, yaml = shipped_paths()
+    if dataset not in RECIPES:
+        raise ValueError(f"no default image tokenizer for dataset {dataset!r} (have: {', '.join(RECIPES)}); "
+                         "give --vqgan_model_path and --vqgan_config_path")
+    ckpt, yaml = shipped_paths(dataset)
     if ckpt.is_file() and yaml.is_file():
         return VQGanVAE(ckpt, yaml)
+    name = f"{dataset}_vqgan"
     cache = cache_root(cache_dir) / "vae"
-    ckpt, yaml = cache / f"{NAME}.ckpt", cache / f"{NAME}.yaml"
+    ckpt, yaml = cache / f"{name}.ckpt", cache / f"{name}.yaml"
     if not (ckpt.is_file() and yaml.is_file()):
         from .train import VAETrainConfig, export_tokenizer, train_vae
 
-        print(f"[dalle_lab] no default image tokenizer in {ASSETS} or {cache}: training one (a few minutes)")
-        config = VAETrainConfig(out_dir=str(cache / f"{NAME}_run"))
+        print(f"[dalle_lab] no {dataset} image tokenizer in {ASSETS} or {cache}: training one (a few minutes)")
+        config = VAETrainConfig(out_dir=str(cache / f"{name}_run"), **RECIPES[dataset])
         metrics = train_vae(config)  # resumes if an earlier attempt was interrupted
         # writes the yaml, then the ckpt (atomically): only a finished export has both files
         export_tokenizer(config, metrics["last"], ckpt, yaml)

@@ -163,13 +163,14 @@ def load_vae(identity_or_paths: Mapping[str, Any] | tuple | list, check_hash: bo
         raise ValueError(f"not a VQGAN identity (kind {identity.get('kind')!r}, expected {KIND!r}): {identity}")
     model_path, config_path = identity["model_path"], identity["config_path"]
     if not Path(model_path).is_file() and identity.get("sha256"):
-        # A checkpoint made elsewhere records that machine's path; the shipped default tokenizer is found by hash.
-        from .default import shipped_paths
+        # A checkpoint made elsewhere records that machine's path; a shipped default tokenizer is found by hash.
+        from .default import RECIPES, shipped_paths
         from ..utils import file_sha256
 
-        shipped_ckpt, shipped_yaml = shipped_paths()
-        if shipped_ckpt.is_file() and file_sha256(shipped_ckpt) == identity["sha256"]:
-            model_path, config_path = shipped_ckpt, shipped_yaml
+        for dataset in RECIPES:
+            shipped_ckpt, shipped_yaml = shipped_paths(dataset)
+            if shipped_ckpt.is_file() and file_sha256(shipped_ckpt) == identity["sha256"]:
+                model_path, config_path = shipped_ckpt, shipped_yaml
     vae = VQGanVAE(model_path, config_path)
     if check_hash and identity.get("sha256") and vae.identity["sha256"] != identity["sha256"]:
         raise ValueError(
