@@ -290,8 +290,32 @@ class _Run:
     history: list = field(default_factory=list)
 
 
+class Float32GroupNorm(torch.nn.GroupNorm):
+    """GroupNorm computed in float32 inside bf16 autocast. Same parameters and state-dict keys as taming's.
+
+    Autocast hands GroupNorm bf16 activations, and the CPU kernels for bf16 GroupNorm (backward above all) are
+    about twice as slow as the float32 ones: swapping them in makes a training step ~1.4x faster on the CPU,
+    and it is the more accurate of the two.
+    """
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        with torch.autocast(x.device.type, enabled=False):
+            return super().forward(x.float())
+
+
+def _float32_groupnorms(module: torch.nn.Module) -> torch.nn.Module:
+    for name, child in module.named_children():
+        if type(child) is torch.nn.GroupNorm:
+            swapped = Float32GroupNorm(child.num_groups, child.num_channels, child.eps, child.affine)
+            swapped.load_state_dict(child.state_dict())
+            setattr(module, name, swapped)
+        else:
+            _float32_groupnorms(child)
+    return module
+
+
 def _build_run(cfg: VAETrainConfig, device) -> _Run:
-    model = taming_format.build_model(model_config(cfg)).to(device).train()
+    model = _float32_groupnorms(taming_format.build_model(model_config(cfg))).to(device).train()
     ema = None
     if not cfg.gumbel:
         codebook = codebook_of(model)
