@@ -37,3 +37,21 @@ def test_items_are_images_on_white_with_their_name():
 
 def test_builtin_dataset_selects_by_name():
     assert builtin_dataset("emoji", "val", image_size=16)[0][0].shape == (3, 16, 16)
+
+
+def test_skin_tone_checker_reads_the_named_tone_off_the_real_drawings():
+    import torch
+
+    from dalle_lab.data.emoji import SKIN_TONES, classify_skin_tone, skin_tone_of
+
+    assert skin_tone_of("woman firefighter medium skin tone") == SKIN_TONES.index("medium skin tone")
+    assert skin_tone_of("man medium-dark skin tone bald") == SKIN_TONES.index("medium-dark skin tone")
+    assert skin_tone_of("kiss woman man light skin tone dark skin tone") is None  # two tones: not one answer
+    assert skin_tone_of("pear") is None
+    dataset = EmojiDataset("all", image_size=32)
+    toned = [(i, skin_tone_of(name)) for i, name in enumerate(dataset.names) if skin_tone_of(name) is not None]
+    toned = toned[::10]
+    images = torch.stack([dataset[i][0] for i, _ in toned])
+    truth = torch.tensor([tone for _, tone in toned])
+    assert (classify_skin_tone(images) == truth).float().mean() > 0.95
+    assert classify_skin_tone(torch.zeros(2, 3, 8, 8)).tolist() == [-1, -1]  # black: no skin at all
