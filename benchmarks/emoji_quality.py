@@ -12,7 +12,8 @@ medium skin tone" when other firefighters and other medium-skin-tone people were
    off the pixels with `dalle_lab.data.emoji.classify_skin_tone` (99.6% right on the real drawings). Chance: the
    same images scored against shuffled names. Ceiling: the real drawings through the image tokenizer.
 
-Add --json FILE to keep the numbers.
+Add --json FILE to keep the numbers, --grid FILE for a picture: one row per unseen name (--grid_names), the real
+drawing first, then generated samples.
 """
 import argparse
 import json
@@ -43,6 +44,30 @@ def image_loss(dalle, vae, tokenizer, images, captions, batch_size=64) -> float:
     return total / count
 
 
+# validation names (never trained on) whose words all occur in training names: unseen combinations
+GRID_NAMES = ("woman firefighter medium skin tone", "man raising hand medium-dark skin tone", "red apple",
+              "smiling cat with heart-eyes", "thumbs down light skin tone", "pear", "cold face",
+              "person facepalming dark skin tone")
+
+
+def save_sample_grid(dalle, vae, tokenizer, names, path, samples, settings, seed):
+    import torch
+
+    from dalle_lab.data.emoji import EmojiDataset
+    from dalle_lab.training.generation import sample_images
+    from dalle_lab.viz.grid import make_labeled_rows
+
+    everything = EmojiDataset("all", image_size=vae.image_size)
+    index = {name: i for i, name in enumerate(everything.names)}
+    rows = []
+    for name in names:
+        generated = sample_images(dalle, vae, tokenizer, [name] * samples, settings, seed=seed)
+        real = everything[index[name]][0][None] if name in index else torch.ones(1, 3, *generated.shape[-2:])
+        rows.append((name, torch.cat([real, generated])))
+    make_labeled_rows(rows).save(path)
+    print(f"wrote {path}: per name, the real drawing, then {samples} samples")
+
+
 def derangement(items, seed):
     """The items in a shuffled order with no item left in place (a caption never scores its own image)."""
     order = list(range(len(items)))
@@ -65,6 +90,9 @@ def main(argv=None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--json", default=None)
+    p.add_argument("--grid", default=None, help="write a PNG: per unseen name, the real drawing then samples")
+    p.add_argument("--grid_names", default="|".join(GRID_NAMES), help="validation names for --grid, '|'-separated")
+    p.add_argument("--grid_samples", type=int, default=7)
     args = p.parse_args(argv)
 
     import torch
@@ -125,6 +153,10 @@ def main(argv=None) -> int:
           f"no skin found {tone['no_skin_found']:.3f} | tokenizer ceiling {tone['tokenizer_ceiling']:.3f}")
     print("  per tone: " + ", ".join(f"{name.replace(' skin tone', '')} {acc:.2f}"
                                       for name, acc in tone["per_tone"].items()))
+    if args.grid:
+        with torch.no_grad():
+            save_sample_grid(dalle, vae, tokenizer, [n for n in args.grid_names.split("|") if n], args.grid,
+                             args.grid_samples, settings, args.seed)
     if args.json:
         with open(args.json, "w") as handle:
             json.dump(report, handle, indent=2)

@@ -51,3 +51,27 @@ def save_grid(images, path: str | os.PathLike, **kwargs) -> Path:
 
     grid = make_grid(images, **kwargs)
     return atomic_write(path, lambda tmp: grid.save(tmp, format="PNG"))
+
+
+def make_labeled_rows(rows, scale: int = 2, padding: int = 2, label_width: int = 260):
+    """A PIL image with one row per `(label, images (N, 3, H, W) in [0, 1])`: the label at the left, then the
+    images. For comparisons such as "the real drawing, then eight samples" per caption."""
+    from PIL import Image, ImageDraw
+
+    if not rows:
+        raise ValueError("make_labeled_rows needs at least one row")
+    tiles = [to_uint8(images) for _, images in rows]
+    height, width = tiles[0].shape[1] * scale, tiles[0].shape[2] * scale
+    columns = max(len(t) for t in tiles)
+    canvas = Image.new("RGB", (label_width + columns * (width + padding) + padding,
+                               len(rows) * (height + padding) + padding), "white")
+    draw = ImageDraw.Draw(canvas)
+    max_chars = max(1, label_width // 6)  # the default bitmap font is about 6 px per character
+    for r, ((label, _), arrays) in enumerate(zip(rows, tiles)):
+        y = padding + r * (height + padding)
+        text = str(label) if len(str(label)) <= max_chars else str(label)[: max_chars - 1] + "~"
+        draw.text((padding, y + height // 2 - 5), text, fill="black")
+        for c, array in enumerate(arrays):
+            tile = Image.fromarray(array).resize((width, height), Image.NEAREST)
+            canvas.paste(tile, (label_width + padding + c * (width + padding), y))
+    return canvas
