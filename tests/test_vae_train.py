@@ -109,3 +109,24 @@ def test_finite_datasets_are_read_in_seeded_epochs_and_resume_at_the_same_batch(
     assert seen[:10] != seen[10:20]  # reshuffled per epoch
     resumed = image_batches(Numbered(), cfg, start_step=3)
     assert [int(v) for v in next(resumed)[:, 0, 0, 0]] == seen[12:16]
+
+
+def test_training_groupnorms_compute_in_float32_with_taming_weights_and_keys():
+    from dalle_lab.vae import taming_format
+    from dalle_lab.vae.train import Float32GroupNorm, _build_run, model_config
+
+    cfg = VAETrainConfig(ch_mult=(1, 2), image_size=16, n_embed=16)
+    run = _build_run(cfg, torch.device("cpu"))
+    swapped = [m for m in run.model.modules() if isinstance(m, torch.nn.GroupNorm)]
+    assert swapped and all(type(m) is Float32GroupNorm for m in swapped)
+    plain = taming_format.build_model(model_config(cfg))
+    assert plain.state_dict().keys() == run.model.state_dict().keys()  # the checkpoint format is taming's
+
+    norm = swapped[0]
+    reference = torch.nn.GroupNorm(norm.num_groups, norm.num_channels, norm.eps)
+    reference.load_state_dict(norm.state_dict())
+    x = torch.randn(2, norm.num_channels, 4, 4)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = norm(x.bfloat16())
+    assert out.dtype == torch.float32  # not bf16, whatever autocast hands it
+    torch.testing.assert_close(out, reference(x.bfloat16().float()))

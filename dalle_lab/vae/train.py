@@ -51,7 +51,7 @@ class VAETrainConfig:
     val_size: int = 512
     seed: int = 0
     # optimisation
-    steps: int = 3000
+    steps: int = 2000  # the Shapes default: checker accuracy ~0.98 in under 5 minutes on 2 CPU cores
     batch_size: int = 16
     lr: float = 2e-3
     warmup_steps: int = 100
