@@ -2,7 +2,7 @@
 # Both install first (scripts/install.sh is the one install recipe; it is idempotent and fast when done).
 PY ?= .venv/bin/python
 
-.PHONY: install demo test quick-bench
+.PHONY: install demo emoji test quick-bench
 
 install:
 	bash scripts/install.sh
@@ -10,6 +10,10 @@ install:
 # The main job: train the DALLE transformer on the built-in Shapes data, then generate images for a few captions.
 demo: install
 	bash scripts/demo.sh
+
+# A DALLE on the built-in emoji data (about 20 minutes on 2 CPU cores), samples for unseen names, its quality.
+emoji: install
+	bash scripts/emoji.sh
 
 # DALLE_LAB_SLOW_TESTS=1 includes the two tests that start two processes (about 30 s each)
 test: install
