@@ -127,3 +127,22 @@ def test_load_vae_finds_the_shipped_tokenizer_by_hash_when_the_recorded_path_is_
     identity = dict(VQGanVAE(ckpt, yaml).identity, model_path=str(tmp_path / "other_machine" / "shapes_vqgan.ckpt"),
                     config_path=str(tmp_path / "other_machine" / "shapes_vqgan.yaml"))
     assert load_vae(identity).model_path == ckpt
+
+
+@pytest.mark.parametrize("dataset", ["shapes", "emoji"])
+def test_each_builtin_dataset_has_a_shipped_tokenizer_found_by_hash(dataset, tmp_path):
+    from dalle_lab.vae.default import default_vae, shipped_paths
+
+    ckpt, yaml = shipped_paths(dataset)
+    vae = default_vae(cache_dir=tmp_path, dataset=dataset)  # shipped: nothing is trained into the cache
+    assert vae.model_path == ckpt and (vae.image_size, vae.fmap_size, vae.num_tokens) == (32, 8, 512)
+    assert not any(tmp_path.iterdir())
+    moved = dict(vae.identity, model_path=str(tmp_path / "elsewhere.ckpt"), config_path=str(tmp_path / "x.yaml"))
+    assert load_vae(moved).model_path == ckpt
+
+
+def test_default_vae_names_the_datasets_it_knows():
+    from dalle_lab.vae.default import default_vae
+
+    with pytest.raises(ValueError, match="'mnist'.*shapes, emoji"):
+        default_vae(dataset="mnist")
