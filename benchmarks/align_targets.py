@@ -68,13 +68,18 @@ def strip(result: dict) -> dict:
     return {k: v for k, v in result.items() if k != "images"}
 
 
+def timed_config(args, reward: str, budget_s: float) -> AlignConfig:
+    """The fine-tuning settings of a time-budgeted task: stop on the clock, not on the epoch count."""
+    return AlignConfig(reward=reward, epochs=10_000, time_budget_s=budget_s, lr=args.lr, kl_coef=args.kl_coef,
+                       prompts_per_epoch=args.prompts_per_epoch, group_size=args.group_size,
+                       sample_batch_size=args.batch, train_batch_size=args.batch, seed=0)
+
+
 def task_jpeg(args, report: Path) -> dict:
     prompts = shapes_train_prompts(args.num_prompts)
     eval_prompts = [prompts[i % len(prompts)] for i in range(args.n_eval)]
     reward = get_reward("jpeg_compressibility")
-    config = AlignConfig(reward="jpeg_compressibility", epochs=10_000, time_budget_s=args.budget_s, lr=args.lr,
-                         kl_coef=args.kl_coef, prompts_per_epoch=args.prompts_per_epoch, group_size=args.group_size,
-                         sample_batch_size=args.batch, train_batch_size=args.batch, seed=0)
+    config = timed_config(args, "jpeg_compressibility", args.budget_s)
     dalle, tokenizer, _ = load_dalle(args.dalle_path)
     before = evaluate_model(dalle, tokenizer, eval_prompts, reward, config, seed=101)
     print(f"[jpeg] before: reward {fmt(before, 'reward_mean')}, checker accuracy {fmt(before, 'checker_accuracy')}",
@@ -107,9 +112,7 @@ def task_shapes(args, report: Path) -> dict:
     held_out = validation_captions(args.n_eval // 2)
     eval_prompts = [caption for caption in held_out for _ in range(2)]
     reward = get_reward("shapes_faithfulness")
-    config = AlignConfig(reward="shapes_faithfulness", epochs=10_000, time_budget_s=args.shapes_budget_s, lr=args.lr,
-                         kl_coef=args.kl_coef, prompts_per_epoch=args.prompts_per_epoch, group_size=args.group_size,
-                         sample_batch_size=args.batch, train_batch_size=args.batch, seed=0)
+    config = timed_config(args, "shapes_faithfulness", args.shapes_budget_s)
     dalle, tokenizer, _ = load_dalle(args.dalle_path)
     before = evaluate_model(dalle, tokenizer, eval_prompts, reward, config, seed=303)
     trainer, out = fine_tune(args, config, prompts, "shapes")

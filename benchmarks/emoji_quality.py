@@ -22,19 +22,17 @@ import sys
 import time
 
 
-def image_loss(dalle, vae, tokenizer, images, captions, batch_size=64) -> float:
-    """Mean cross-entropy (nats) of the image tokens of `images` given `captions` (None: the empty caption)."""
-    import torch
+def image_loss(dalle, tokenizer, image_tokens, captions, batch_size=64) -> float:
+    """Mean cross-entropy (nats) of `image_tokens` (B, image_seq_len) given `captions` (None: the empty caption)."""
     import torch.nn.functional as F
 
     from dalle_lab.training.generation import tokenize_captions
 
     cfg, total, count = dalle.config, 0.0, 0
-    for start in range(0, len(images), batch_size):
-        chunk = images[start:start + batch_size]
-        tokens = vae.get_codebook_indices(chunk)
+    for start in range(0, len(image_tokens), batch_size):
+        tokens = image_tokens[start:start + batch_size]
         if captions is None:
-            text = torch.zeros(len(chunk), cfg.text_seq_len, dtype=torch.long)
+            text = tokenize_captions(tokenizer, [""] * len(tokens), cfg.text_seq_len, cfg.num_text_tokens)
         else:
             text = tokenize_captions(tokenizer, captions[start:start + batch_size], cfg.text_seq_len,
                                      cfg.num_text_tokens, truncate=True)
@@ -113,11 +111,12 @@ def main(argv=None) -> int:
         train = EmojiDataset("train", image_size=vae.image_size)
         train_pick = list(range(0, len(train), max(1, len(train) // len(val))))[:len(val)]
         train_images = torch.stack([train[i][0] for i in train_pick])
+        val_tokens = vae.get_codebook_indices(val_images)  # encoded once: every loss and the ceiling reuse them
         losses = {
-            "val_true_caption": image_loss(dalle, vae, tokenizer, val_images, names),
-            "val_empty_caption": image_loss(dalle, vae, tokenizer, val_images, None),
-            "val_shuffled_caption": image_loss(dalle, vae, tokenizer, val_images, derangement(names, args.seed)),
-            "train_true_caption": image_loss(dalle, vae, tokenizer, train_images,
+            "val_true_caption": image_loss(dalle, tokenizer, val_tokens, names),
+            "val_empty_caption": image_loss(dalle, tokenizer, val_tokens, None),
+            "val_shuffled_caption": image_loss(dalle, tokenizer, val_tokens, derangement(names, args.seed)),
+            "train_true_caption": image_loss(dalle, tokenizer, vae.get_codebook_indices(train_images),
                                              [train.names[i] for i in train_pick]),
         }
         report["image_loss_nats_per_token"] = losses
@@ -135,8 +134,7 @@ def main(argv=None) -> int:
         seconds = time.perf_counter() - start
         predicted = classify_skin_tone(generated)
         shuffled_truth = torch.tensor([skin_tone_of(n) for n in derangement(captions, args.seed + 1)])
-        reals = val_images[[i for i, _ in toned]]
-        ceiling = classify_skin_tone(vae.decode(vae.get_codebook_indices(reals)).float())
+        ceiling = classify_skin_tone(vae.decode(val_tokens[[i for i, _ in toned]]).float())
     tone = {
         "names": len(toned), "images": len(captions),
         "accuracy": float((predicted == truth).float().mean()),

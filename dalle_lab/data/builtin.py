@@ -27,6 +27,17 @@ def builtin_dataset(name: str, split: str = "train", image_size: int = 32, lengt
     return EmojiDataset(split, image_size=image_size)
 
 
+def builtin_vocabulary_captions(name: str) -> list[str]:
+    """The captions a built-in dataset's shipped text vocabulary is trained on."""
+    if check_builtin(name) == "shapes":
+        from .shapes import all_captions
+
+        return all_captions()
+    from .emoji import EmojiDataset
+
+    return EmojiDataset("train").captions()  # validation names stay unseen, words and all
+
+
 def builtin_captions(name: str, n: int) -> list[str]:
     """n validation captions of a built-in dataset (never trained on): what sample grids show by default."""
     if check_builtin(name) == "shapes":

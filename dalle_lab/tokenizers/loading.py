@@ -77,8 +77,8 @@ def load_tokenizer(identity: dict) -> TextTokenizer:
     if not path.is_file():
         for dataset in SHIPPED_VOCAB_SIZES:
             shipped = shipped_bpe_path(dataset)
-            if shipped.is_file() and get_tokenizer(shipped).sha256 == sha256:
-                return get_tokenizer(shipped)
+            if shipped.is_file() and (tokenizer := get_tokenizer(shipped)).sha256 == sha256:
+                return tokenizer
     if not path.is_file():
         raise FileNotFoundError(
             f"the checkpoint's text vocabulary {path} does not exist on this machine; copy that file here and "

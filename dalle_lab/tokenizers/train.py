@@ -12,7 +12,7 @@ import os
 import sys
 from pathlib import Path
 
-from dalle_lab.data.builtin import BUILTIN_DATASETS
+from dalle_lab.data.builtin import BUILTIN_DATASETS, builtin_vocabulary_captions
 from dalle_lab.tokenizers.vocab import (
     BACKENDS,
     SPELLING_CHARACTERS,
@@ -20,17 +20,6 @@ from dalle_lab.tokenizers.vocab import (
     collect_captions,
     train_bpe,
 )
-
-
-def training_captions(dataset: str) -> list[str]:
-    """The captions a built-in dataset's vocabulary is trained on."""
-    if dataset == "shapes":
-        from dalle_lab.data.shapes import all_captions
-
-        return all_captions()
-    from dalle_lab.data.emoji import EmojiDataset
-
-    return EmojiDataset("train").captions()  # validation names stay unseen, words and all
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -64,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     extra_characters = SPELLING_CHARACTERS if datasets else ""
     try:
         for name in datasets:
-            sources += training_captions(name)
+            sources += builtin_vocabulary_captions(name)
         captions = collect_captions(sources)
         tokenizer = train_bpe(captions, args.vocab_size, args.output, backend=args.backend,
                               extra_characters=extra_characters, verbose=args.verbose)

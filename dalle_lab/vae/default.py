@@ -6,7 +6,7 @@ Reproduce a shipped pair (docs/vae.md has how they were made and their measured 
     cp runs/shapes_vqgan/vqgan.ckpt dalle_lab/assets/shapes_vqgan.ckpt
     cp runs/shapes_vqgan/vqgan.yaml dalle_lab/assets/shapes_vqgan.yaml
 
-and the same with `recipe_command("emoji")` for dalle_lab/assets/emoji_vqgan.*.
+and for dalle_lab/assets/emoji_vqgan.*: `python train_vae.py --data emoji --steps 3000 --out_dir runs/emoji_vqgan`.
 """
 from __future__ import annotations
 
@@ -14,18 +14,12 @@ import os
 from pathlib import Path
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
-NAME = "shapes_vqgan"  # the main job's tokenizer
 
 # The train_vae.py settings (VAETrainConfig overrides) that produce each dataset's tokenizer.
 RECIPES: dict[str, dict] = {
     "shapes": {},
     "emoji": {"data": "emoji", "steps": 3000},
 }
-
-
-def recipe_command(dataset: str) -> str:
-    flags = " ".join(f"--{key} {value}" for key, value in RECIPES[dataset].items())
-    return f"python train_vae.py {flags} --out_dir runs/{dataset}_vqgan".replace("  ", " ")
 
 
 def cache_root(cache_dir: str | os.PathLike | None = None) -> Path:

@@ -171,6 +171,7 @@ def load_vae(identity_or_paths: Mapping[str, Any] | tuple | list, check_hash: bo
             shipped_ckpt, shipped_yaml = shipped_paths(dataset)
             if shipped_ckpt.is_file() and file_sha256(shipped_ckpt) == identity["sha256"]:
                 model_path, config_path = shipped_ckpt, shipped_yaml
+                break
     vae = VQGanVAE(model_path, config_path)
     if check_hash and identity.get("sha256") and vae.identity["sha256"] != identity["sha256"]:
         raise ValueError(

@@ -11,6 +11,12 @@ def to_uint8(images):
     return (images.detach().float().clamp(0, 1).mul(255).round().byte().permute(0, 2, 3, 1).cpu().numpy())
 
 
+def _fit(text, width: int) -> str:
+    """text cut to what fits in `width` pixels of the default bitmap font (about 6 px per character)."""
+    text, max_chars = str(text), max(1, width // 6)
+    return text if len(text) <= max_chars else text[: max_chars - 1] + "~"
+
+
 def make_grid(images, nrow: int | None = None, padding: int = 2, captions=None, scale: int = 1,
               caption_height: int = 12):
     """A PIL image of `images` ((B, 3, H, W) in [0, 1]) in rows of `nrow`.
@@ -39,9 +45,7 @@ def make_grid(images, nrow: int | None = None, padding: int = 2, captions=None, 
         y = padding + (i // nrow) * (height + text_h + padding)
         canvas.paste(tile, (x, y))
         if captions:
-            text = str(captions[i])
-            max_chars = max(1, width // 6)  # the default bitmap font is about 6 px per character
-            draw.text((x, y + height), text if len(text) <= max_chars else text[: max_chars - 1] + "~", fill="black")
+            draw.text((x, y + height), _fit(captions[i], width), fill="black")
     return canvas
 
 
@@ -66,11 +70,9 @@ def make_labeled_rows(rows, scale: int = 2, padding: int = 2, label_width: int =
     canvas = Image.new("RGB", (label_width + columns * (width + padding) + padding,
                                len(rows) * (height + padding) + padding), "white")
     draw = ImageDraw.Draw(canvas)
-    max_chars = max(1, label_width // 6)  # the default bitmap font is about 6 px per character
     for r, ((label, _), arrays) in enumerate(zip(rows, tiles)):
         y = padding + r * (height + padding)
-        text = str(label) if len(str(label)) <= max_chars else str(label)[: max_chars - 1] + "~"
-        draw.text((padding, y + height // 2 - 5), text, fill="black")
+        draw.text((padding, y + height // 2 - 5), _fit(label, label_width), fill="black")
         for c, array in enumerate(arrays):
             tile = Image.fromarray(array).resize((width, height), Image.NEAREST)
             canvas.paste(tile, (label_width + padding + c * (width + padding), y))
