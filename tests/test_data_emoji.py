@@ -55,3 +55,20 @@ def test_skin_tone_checker_reads_the_named_tone_off_the_real_drawings():
     truth = torch.tensor([tone for _, tone in toned])
     assert (classify_skin_tone(images) == truth).float().mean() > 0.95
     assert classify_skin_tone(torch.zeros(2, 3, 8, 8)).tolist() == [-1, -1]  # black: no skin at all
+
+
+def test_default_sample_captions_are_distinct_validation_names_spread_over_the_split():
+    from dalle_lab.data.builtin import builtin_captions
+
+    captions = builtin_captions("emoji", 8)
+    validation = EmojiDataset("val").names
+    assert len(set(captions)) == 8 and set(captions) <= set(validation)
+    assert captions != validation[:8]  # spread over the alphabet, not the first eight
+
+
+def test_vocabulary_captions_are_the_training_names_only():
+    from dalle_lab.data.builtin import builtin_vocabulary_captions
+
+    captions = builtin_vocabulary_captions("emoji")
+    assert len(captions) == len(EmojiDataset("train"))
+    assert not set(captions) & set(EmojiDataset("val").names)
