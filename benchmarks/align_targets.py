@@ -27,7 +27,7 @@ import torch
 from dalle_lab.align.config import AlignConfig
 from dalle_lab.align.evaluate import evaluate_model, improvement_in_se
 from dalle_lab.align.plots import plot_reward_curves
-from dalle_lab.align.rewards import get_reward
+from dalle_lab.rewards import get_reward
 from dalle_lab.training.checkpoint import load_dalle
 
 REPO = Path(__file__).resolve().parents[1]
@@ -143,7 +143,7 @@ def task_compare(args, report: Path) -> dict:
 
     def measure(dalle, tokenizer, seed):
         """JPEG reward and the TV proxy on the same fresh samples, and how well they agree."""
-        from dalle_lab.align.precision import spearman
+        from dalle_lab.precision import spearman
 
         result = evaluate_model(dalle, tokenizer, eval_prompts, jpeg, AlignConfig(), seed=seed, shapes=False)
         proxy = tv(result["images"]).numpy()

@@ -43,7 +43,7 @@ DEFAULT_HEAD = REPO.parent / "shared" / "assets" / "aesthetic" / "sac+logos+ava1
 
 def build_reward(args, image_size: int, precision: str):
     """The aesthetic reward described in the module docstring, as a reward function with a `.scorer`."""
-    from dalle_lab.align.aesthetic import AestheticHead, AestheticScorer, random_clip_vision, vit_l14_vision_config
+    from dalle_lab.rewards.aesthetic import AestheticHead, AestheticScorer, random_clip_vision, vit_l14_vision_config
 
     if args.clip_path:  # real CLIP weights (a GPU makes this practical)
         scorer = AestheticScorer(args.clip_path, head_path=args.head_path, precision=precision)
@@ -70,7 +70,7 @@ def mean_se(values) -> tuple[float, float]:
 
 def score_both(reward, images, precision: str) -> dict:
     """Scores of the same images in float32 and in `precision`, with the embedding cosine between the two."""
-    from dalle_lab.align.precision import spearman
+    from dalle_lab.precision import spearman
 
     scorer = reward.scorer
     with torch.no_grad():

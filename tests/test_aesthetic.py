@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from dalle_lab.align.aesthetic import (AestheticHead, AestheticScorer, clip_preprocess,
+from dalle_lab.rewards.aesthetic import (AestheticHead, AestheticScorer, clip_preprocess,
                                        clip_vision_from_openai_state_dict, load_clip_vision)
 
 # the shared copy of the real LAION head and rating embeddings (override with $DALLE_LAB_AESTHETIC_ASSETS)

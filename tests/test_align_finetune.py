@@ -14,7 +14,7 @@ from torch import nn
 from dalle_lab.align import reward_backprop as RB
 from dalle_lab.align.config import AlignConfig
 from dalle_lab.align.policy_gradient import PolicyGradientTrainer, policy_logprobs, ppo_clipped_loss, token_kl
-from dalle_lab.align.rewards import brightness
+from dalle_lab.rewards import brightness
 from dalle_lab.data.shapes import validation_captions
 from dalle_lab.model import DALLE
 from dalle_lab.tokenizers import get_tokenizer
@@ -195,7 +195,7 @@ def test_reward_backprop_epoch_improves_a_differentiable_reward_and_refuses_jpeg
     history = trainer.train()
     assert history[-1]["reward_mean"] > history[0]["reward_mean"]
     assert "kl_ref_image" not in history[0]  # kl_coef 0: no reference model
-    from dalle_lab.align.rewards import jpeg_compressibility
+    from dalle_lab.rewards import jpeg_compressibility
 
     with pytest.raises(ValueError, match="differentiable"):
         make_trainer(tokenizer, tmp_path / "jpeg", cls=RB.RewardBackpropTrainer, method="reward_backprop",

@@ -1,4 +1,4 @@
-"""Parity report (dalle_lab.align.parity), its command line, and the fine-tuning loop's reward-gap guard."""
+"""Parity report (dalle_lab.precision.parity), its command line, and the fine-tuning loop's reward-gap guard."""
 import json
 import os
 from pathlib import Path
@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 import torch
 
-from dalle_lab.align import parity
-from dalle_lab.align.aesthetic import AestheticHead, AestheticScorer
-from dalle_lab.align.precision import reward_gap, reward_gap_warning, score_in_precision
+from dalle_lab.precision import parity
+from dalle_lab.rewards.aesthetic import AestheticHead, AestheticScorer
+from dalle_lab.precision.reward_gap import reward_gap, reward_gap_warning, score_in_precision
 
 ASSETS = Path(os.environ.get("DALLE_LAB_AESTHETIC_ASSETS",
                              Path(__file__).resolve().parents[2] / "shared" / "assets" / "aesthetic"))
@@ -93,7 +93,7 @@ def test_encoder_parity_reports_cosines_layers_and_a_bound_that_holds(tiny_clip_
 def test_parity_command_writes_json_markdown_and_png(tiny_clip_dir, image_folder, tmp_path):
     from PIL import Image
 
-    from dalle_lab.align.parity_cli import main
+    from dalle_lab.precision.parity_cli import main
 
     out = tmp_path / "report"
     report = main(["--clip_path", str(tiny_clip_dir), "--head_path", str(HEAD), "--images", str(image_folder),
@@ -114,7 +114,7 @@ def test_parity_command_writes_json_markdown_and_png(tiny_clip_dir, image_folder
 def test_parity_command_says_plainly_when_clip_weights_are_random(tmp_path):
     from PIL import Image
 
-    from dalle_lab.align.parity_cli import main
+    from dalle_lab.precision.parity_cli import main
 
     folder = tmp_path / "images"
     folder.mkdir()
@@ -128,7 +128,7 @@ def test_parity_command_says_plainly_when_clip_weights_are_random(tmp_path):
 
 @needs_assets
 def test_parity_command_refuses_to_run_on_nothing():
-    from dalle_lab.align.parity_cli import main
+    from dalle_lab.precision.parity_cli import main
 
     with pytest.raises(SystemExit, match="nothing to compare"):
         main(["--head_path", str(HEAD)])
@@ -136,9 +136,9 @@ def test_parity_command_refuses_to_run_on_nothing():
 
 @needs_assets
 def test_reward_gap_scores_a_fraction_in_fp32_and_restores_the_reward(tiny_clip_dir):
-    from dalle_lab.align.rewards import aesthetic
+    from dalle_lab.rewards import aesthetic_reward
 
-    reward = aesthetic(str(tiny_clip_dir), head_path=str(HEAD), precision="bf16")
+    reward = aesthetic_reward(str(tiny_clip_dir), head_path=str(HEAD), precision="bf16")
     images = torch.rand(8, 3, 32, 32)
     gap = reward_gap(reward, images, ["a prompt"] * 8, "bf16", fraction=0.5, generator=torch.Generator().manual_seed(0))
     assert gap["n"] == 4 and gap["precision"] == "bf16"
@@ -172,7 +172,7 @@ def test_reward_gap_needs_a_model_to_cast_and_warns_past_thresholds():
 
 @needs_assets
 def test_parity_command_on_images_sampled_by_a_dalle_checkpoint(tiny_clip_dir, tmp_path):
-    from dalle_lab.align.parity_cli import main
+    from dalle_lab.precision.parity_cli import main
     from dalle_lab.training.config import TrainConfig
     from dalle_lab.training.loop import train
     from dalle_lab.vae.tiny import make_tiny_vqgan
@@ -191,7 +191,7 @@ def test_parity_command_on_images_sampled_by_a_dalle_checkpoint(tiny_clip_dir, t
 
 
 def test_parity_command_names_a_missing_file(tmp_path):
-    from dalle_lab.align.parity_cli import main
+    from dalle_lab.precision.parity_cli import main
 
     with pytest.raises(SystemExit, match="missing.pth"):
         main(["--head_path", str(tmp_path / "missing.pth"), "--embeddings", str(tmp_path)])

@@ -1,10 +1,10 @@
-"""Precision modes (dalle_lab.align.precision): TPU-default emulation, interception counts, dtype casts and restores."""
+"""Precision modes (dalle_lab.precision.modes): TPU-default emulation, interception counts, dtype casts and restores."""
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 
-from dalle_lab.align.precision import (PRECISION_MODES, count_matrix_products, precision_mode, round_to_bf16)
+from dalle_lab.precision.modes import (PRECISION_MODES, count_matrix_products, precision_mode, round_to_bf16)
 
 
 def bf16_round_reference(values: np.ndarray) -> np.ndarray:

@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 import torch
 
-from dalle_lab.align import rewards as R
+import dalle_lab.rewards as R
 
 
 def _flat_and_noisy(size=32):
@@ -79,7 +79,7 @@ def test_aesthetic_reward_wraps_the_scorer_differentiably():
     import os
     from pathlib import Path
 
-    from dalle_lab.align.aesthetic import random_clip_vision, vit_l14_vision_config
+    from dalle_lab.rewards.aesthetic import random_clip_vision, vit_l14_vision_config
 
     assets = os.environ.get("DALLE_LAB_AESTHETIC_ASSETS", Path(__file__).resolve().parents[2] / "shared" / "assets" /
                             "aesthetic")  # the same shared copy test_aesthetic.py uses

@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from dalle_lab.align.policy_gradient import policy_logprobs, token_entropy, token_kl
-from dalle_lab.align.rewards import is_differentiable
+from dalle_lab.rewards import is_differentiable
 from dalle_lab.align.trainer import AlignTrainer, chunks
 
 

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from dalle_lab.align.config import AlignConfig, from_dict, to_dict
-from dalle_lab.align.rewards import RewardWorker, get_reward
+from dalle_lab.rewards import RewardWorker, get_reward
 
 STATE_FILE = "align_state.pt"
 STATE_FORMAT = "dalle_lab.align_state/1"
@@ -206,11 +206,11 @@ class AlignTrainer:
 
     def reward_precision_gap(self, images, prompts, scores) -> dict:
         """Issue 7: when the reward model runs in a lower precision, re-score a fraction of this epoch's images in
-        float32 (dalle_lab.align.precision.reward_gap), log the gap and warn beyond the thresholds."""
+        float32 (dalle_lab.precision.reward_gap), log the gap and warn beyond the thresholds."""
         cfg = self.config
         if cfg.reward_precision == "fp32":
             return {}
-        from dalle_lab.align.precision import reward_gap, reward_gap_warning
+        from dalle_lab.precision.reward_gap import reward_gap, reward_gap_warning
 
         gap = reward_gap(self.reward, images, prompts, cfg.reward_precision, cfg.reward_gap_fraction,
                          scores=scores, generator=self.generator)

@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from dalle_lab.align.precision import check_mode, precision_mode
+from dalle_lab.precision.modes import check_mode, precision_mode
 
 # OpenAI CLIP's normalisation constants (also HuggingFace CLIPImageProcessor's defaults).
 CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
@@ -267,7 +267,7 @@ class AestheticScorer(nn.Module):
 
     `clip_path`: local CLIP (see load_clip_vision) or an already built CLIPVisionModelWithProjection.
     `head_path`: the LAION head .pth (default: $DALLE_LAB_AESTHETIC_HEAD), or pass `head=` an AestheticHead.
-    `precision`: one of fp32 / bf16 / fp16 / tpu_default (dalle_lab.align.precision); preprocessing always runs in
+    `precision`: one of fp32 / bf16 / fp16 / tpu_default (dalle_lab.precision.modes); preprocessing always runs in
     float32 (as an image processor would), the encoder and head run in the chosen precision.
     The weights are frozen; gradients flow to the images.
     """

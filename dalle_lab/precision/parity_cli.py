@@ -1,11 +1,11 @@
-"""`python -m dalle_lab.align.parity`: the precision parity report's command line (flags only; the work is parity.py).
+"""`python -m dalle_lab.precision.parity`: the precision parity report's command line (flags only; the work is parity.py).
 
 Examples:
     # aesthetic scorer with a local CLIP ViT-L/14 on a folder of images, head-only check on the real embeddings
-    python -m dalle_lab.align.parity --clip_path ~/models/clip-vit-large-patch14 \\
+    python -m dalle_lab.precision.parity --clip_path ~/models/clip-vit-large-patch14 \\
         --head_path sac+logos+ava1-l14-linearMSE.pth --images my_images/ --embeddings vit_l_14_embeddings/ --out parity/
     # no CLIP weights: a random-weight ViT-L/14 (said plainly in every output), images sampled by a DALLE checkpoint
-    python -m dalle_lab.align.parity --head_path ...pth --dalle_path dalle.pt --prompts prompts.txt --out parity/
+    python -m dalle_lab.precision.parity --head_path ...pth --dalle_path dalle.pt --prompts prompts.txt --out parity/
 """
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import argparse
 import sys
 import time
 
-from dalle_lab.align.precision import PRECISION_MODES
+from dalle_lab.precision.modes import PRECISION_MODES
 
 RANDOM_CLIP_NOTE = ("CLIP WEIGHTS ARE RANDOM: no --clip_path was given, so the encoder is a ViT-L/14-architecture CLIP "
                     "with random weights (seed {seed}{details}). It shows how the architecture carries rounding error, "
@@ -22,7 +22,7 @@ RANDOM_CLIP_NOTE = ("CLIP WEIGHTS ARE RANDOM: no --clip_path was given, so the e
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m dalle_lab.align.parity", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m dalle_lab.precision.parity", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--head_path", required=True, help="LAION aesthetic head .pth (sac+logos+ava1-l14-linearMSE)")
     parser.add_argument("--clip_path", help="local CLIP: transformers directory or OpenAI state-dict file; "
@@ -56,14 +56,14 @@ def main(argv=None) -> dict:
     try:
         return run(args)
     except (FileNotFoundError, ValueError) as error:  # a missing file, a wrong checkpoint: the message says which
-        sys.exit(f"python -m dalle_lab.align.parity: error: {error}")
+        sys.exit(f"python -m dalle_lab.precision.parity: error: {error}")
 
 
 def run(args) -> dict:
     import torch
 
-    from dalle_lab.align import parity
-    from dalle_lab.align.aesthetic import AestheticHead, AestheticScorer, random_clip_vision, vit_l14_vision_config
+    from dalle_lab.precision import parity
+    from dalle_lab.rewards.aesthetic import AestheticHead, AestheticScorer, random_clip_vision, vit_l14_vision_config
     from dalle_lab.utils import pick_device
 
     if args.threads:
