@@ -79,6 +79,11 @@ def main(argv=None) -> int:
     p.add_argument("--samplings", default=",".join(s[0] for s in SAMPLINGS),
                    help="comma-separated names of the sampling settings to score (default: all)")
     args = p.parse_args(own)
+    wanted = args.samplings.split(",")
+    unknown = sorted(set(wanted) - {s[0] for s in SAMPLINGS})
+    if unknown:
+        p.error(f"unknown --samplings {unknown}: choose from {[s[0] for s in SAMPLINGS]}")
+    samplings = [s for s in SAMPLINGS if s[0] in wanted]
 
     out = ROOT / args.out / f"{args.name}-seed{args.seed}.json"
     if out.exists() and not args.eval_only:
@@ -104,11 +109,6 @@ def main(argv=None) -> int:
     record["loss_curve"] = [{k: m[k] for k in ("step", "loss", "loss_text", "loss_img", "lr") if k in m}
                             for m in metrics]
     print(f"[{args.name} seed {args.seed}] trained: {record.get('train_wall_s', float('nan')):.0f} s", flush=True)
-    wanted = args.samplings.split(",")
-    unknown = sorted(set(wanted) - {s[0] for s in SAMPLINGS})
-    if unknown:
-        p.error(f"unknown --samplings {unknown}: choose from {[s[0] for s in SAMPLINGS]}")
-    samplings = [s for s in SAMPLINGS if s[0] in wanted]
     record["eval"] = evaluate(run_dir / "dalle.pt", args.n_val, args.n_heldout, samplings, args.threads)
     record["load_after_eval"] = os.getloadavg()
     out.parent.mkdir(parents=True, exist_ok=True)
