@@ -15,10 +15,12 @@ import torch
 
 @dataclass
 class SamplingSettings:
+    # calibrated on the main job's model (reports/recipe/): guidance 2 lifted exact match on unseen captions the
+    # most; 3 and more lost accuracy again
     top_k: int | None = 10
     top_p: float | None = None
     temperature: float = 0.7
-    cond_scale: float = 1.0
+    cond_scale: float = 2.0
 
 
 def tokenize_captions(tokenizer, captions, text_seq_len: int, num_text_tokens: int, truncate: bool = False):
