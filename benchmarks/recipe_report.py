@@ -53,7 +53,8 @@ def summarise(runs: dict[str, list[dict]], sampling: str) -> list[dict]:
         if not usable:
             continue
         row = {"name": name, "seeds": [r["seed"] for r in usable], "flags": " ".join(usable[0]["train_flags"]),
-               "files": [r["file"] for r in usable], "sampling": sampling}
+               "files": [r["file"] for r in usable], "sampling": sampling,
+               "settings": usable[0]["eval"][sampling]["settings"]}
         for split in ("val", "heldout"):
             for metric in ("accuracy", "exact_match"):
                 row[f"{split}_{metric}"] = mean_ci([r["eval"][sampling][split][metric] for r in usable])
@@ -69,11 +70,12 @@ def markdown(rows: list[dict], sampling: str) -> str:
     lines = [f"# Main-job recipe calibration (sampling: `{sampling}`)", "",
              "Written by `python benchmarks/recipe_report.py` from the run files of `benchmarks/recipe_sweep.py` "
              "(one per recipe and seed, in `runs/`). Mean over seeds; ± is a t-based 95% CI across seeds.", "",
-             "| recipe | train_dalle.py flags | seeds | val accuracy | val exact | held-out accuracy | held-out exact "
-             "| val image loss | train wall s (load) |", "|---|---|---|---|---|---|---|---|---|"]
+             "| recipe | train_dalle.py flags | sampling | seeds | val accuracy | val exact | held-out accuracy | held-out exact "
+             "| val image loss | train wall s (load) |", "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         wall = "" if r["train_wall_s"] is None else f"{r['train_wall_s'][0]:.0f} ({', '.join(map(str, r['load']))})"
-        lines.append(f"| {r['name']} | `{r['flags'] or '(defaults)'}` | {len(r['seeds'])} | {fmt(*r['val_accuracy'])} "
+        shown = ", ".join(f"{k} {v}" for k, v in r["settings"].items() if v is not None)
+        lines.append(f"| {r['name']} | `{r['flags'] or '(defaults)'}` | {shown} | {len(r['seeds'])} | {fmt(*r['val_accuracy'])} "
                      f"| {fmt(*r['val_exact_match'])} | {fmt(*r['heldout_accuracy'])} | {fmt(*r['heldout_exact_match'])}"
                      f" | {fmt(*r['val_loss_img'])} | {wall} |")
     return "\n".join(lines) + "\n"

@@ -59,7 +59,7 @@ class TrainConfig:
     resume: str | None = None  # a checkpoint to continue exactly; "latest" = output_dir/<name>.pt
     save_every_n_steps: int = 500
     keep_n_checkpoints: int | None = 2
-    sample_every_n_steps: int = 200  # a grid PNG of generated samples (0: never)
+    sample_every_n_steps: int = 500  # a grid PNG of generated samples (0: never)
     sample_captions: list[str] = field(default_factory=list)  # empty: a few validation captions of the data
     log_every_n_steps: int = 10
 
