@@ -1,7 +1,7 @@
 """Image-text folders in the DALLE-pytorch format.
 
     root/
-      cats/001.jpg   cats/001.txt      one or more captions, one a line; a random line per access
+      cats/001.jpg   cats/001.txt      one or more captions, one a line; one line per access (see `get`)
       dogs/001.png   dogs/001.txt      same stem in another folder: a different item (keyed by relative path)
 
 Images: .png .jpg .jpeg .bmp .webp (any case), found recursively. The caption file is the image's path with the
@@ -166,6 +166,12 @@ class TextImageFolder(Dataset):
                              f"--truncate_captions to cut long captions, or raise text_seq_len)") from error
 
     def __getitem__(self, index: int):
+        """An item with a caption line drawn from Python's `random` (seed it yourself); training uses `get`."""
+        return self.get(index)
+
+    def get(self, index: int, caption_draw: int | None = None):
+        """Item `index` with caption line `caption_draw % lines` (None: a `random` line). Training passes a draw
+        derived from (seed, epoch, position), so the caption never depends on which worker loads the item."""
         # A corrupt image is reported once and replaced by the next item, so one bad file never stops training.
         for attempt in range(len(self.keys)):
             position = (index + attempt) % len(self.keys)
@@ -177,7 +183,8 @@ class TextImageFolder(Dataset):
             except Exception as error:
                 self._mark_corrupt(key, error)
                 continue
-            caption = random.choice(self._captions[position])
+            lines = self._captions[position]
+            caption = random.choice(lines) if caption_draw is None else lines[caption_draw % len(lines)]
             if self.tokenizer is None:
                 return image, caption
             return self._tokenize(caption, position), image

@@ -3,8 +3,9 @@
 Per optimizer step: set the learning rate, run ga_steps micro-batches (tokenize captions, encode images with the
 frozen VAE, forward, backward), clip and step; then log, sample a grid and save a checkpoint at their intervals.
 A non-finite loss skips its micro-batch (counted); several in a row stop the run with advice.
-Everything a resume needs (weights, optimizer, schedule, scaler, step, data position, every rank's RNG state,
-the wandb run id) goes into the checkpoint, so k steps + resume + (N - k) steps equals N steps straight.
+Everything a resume needs (weights, optimizer, schedule, scaler, step, data position, the wandb run id) goes into
+the checkpoint, and every random draw is derived from (seed, rank, step, position) (seeding.py), so k steps +
+resume + (N - k) steps equals N steps straight.
 """
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from .config import TrainConfig
 from .distributed import DistInfo, all_reduce_mean, any_rank, barrier, env_dist_info, gather_objects
 from .precision import resolve_precision
 from .schedule import LRSchedule
+from .seeding import seed_micro_batch
 
 SAMPLE_GRID_SIZE = 8
 
@@ -67,8 +69,6 @@ def train(cfg: TrainConfig, model_overrides: dict | None = None, *, tokenizer=No
     model = ckpt_io.build_model(model_config).to(device)
     if init_ckpt:
         ckpt_io.load_model_state(model, init_ckpt["model"], resume_path or cfg.dalle_path)
-    # per-rank randomness (caption dropout, attention dropout) differs across ranks, as with separate GPUs
-    torch.manual_seed(cfg.seed + 1000 * dist.rank)
 
     from .engine import make_optimizer
 
@@ -90,9 +90,7 @@ def train(cfg: TrainConfig, model_overrides: dict | None = None, *, tokenizer=No
         step = int(resume_ckpt["step"])
         nonfinite_total = int(resume_ckpt.get("nonfinite_skipped", 0))
         wandb_run_id = resume_ckpt.get("wandb_run_id")
-        rng_states = resume_ckpt["rng"]
-        if len(rng_states) == dist.world_size:
-            ckpt_io.restore_rng(rng_states[dist.rank])
+        # no RNG state to reload: every draw is re-derived from (seed, rank, step, ...), see seeding.py
 
     from .logging import RunLogger
 
@@ -127,8 +125,10 @@ def train(cfg: TrainConfig, model_overrides: dict | None = None, *, tokenizer=No
             step_start = time.monotonic()
             lr = schedule.apply(engine.lr_optimizer) if engine.lr_optimizer is not None else math.nan
             sums = torch.zeros(3, dtype=torch.float64)
-            done = 0
+            done = attempt = 0
             while done < ga_steps:
+                seed_micro_batch(cfg.seed, dist.rank, step, attempt)  # caption dropout, dropout: see seeding.py
+                attempt += 1
                 captions, images = source.next_batch()
                 text = tokenizer.tokenize(captions, model.config.text_seq_len,
                                           truncate_text=cfg.truncate_captions).to(device)
