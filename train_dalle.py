@@ -26,12 +26,14 @@ def main(argv=None) -> int:
     except (CheckpointError, NonFiniteLossError, FileNotFoundError, ValueError) as err:
         print(f"train_dalle.py: error: {err}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:  # the second Ctrl-C: the loop has said which checkpoint is kept
+        return 130
     from dalle_lab.training.distributed import env_dist_info
 
     if result.checkpoint_path and env_dist_info().is_main:
         print(f"checkpoint: {result.checkpoint_path}")
         print(f"generate:   python generate.py --dalle_path {result.checkpoint_path} --text \"a red circle\"")
-    return 0
+    return 130 if result.stopped_because == "interrupted" else 0  # 128 + SIGINT, as shells report an interrupt
 
 
 if __name__ == "__main__":

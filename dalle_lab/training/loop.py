@@ -101,6 +101,7 @@ def train(cfg: TrainConfig, model_overrides: dict | None = None, *, tokenizer=No
     latest_path = output_dir / f"{cfg.dalle_output_file_name}.pt"
     logger.message(_summary(cfg, model, precision, engine, dist, micro_batch, ga_steps, latest_path))
     if resume_ckpt:
+        logger.cut_metrics_back(step)
         logger.message(f"resumed {resume_path} at step {step}")
     sample_captions = _sample_captions(cfg)
     tokens_per_sample = model.config.text_seq_len + model.config.image_seq_len
@@ -116,10 +117,17 @@ def train(cfg: TrainConfig, model_overrides: dict | None = None, *, tokenizer=No
     engine.train()
     logger.start(step, cfg.max_steps)
     run_start, steps_this_run = time.monotonic(), 0
+    from .interrupt import StopRequests
+
+    stop_requests = StopRequests(notify=logger.message)
     try:
+        stop_requests.__enter__()
         while True:
             stopped = _budget_exhausted(cfg, step, source, run_start) or (
                 "stop_at_step" if stop_at_step is not None and step >= stop_at_step else None)
+            # every rank takes part, so all of them stop at the same step boundary and save it together
+            if any_rank(stop_requests.requested, device):
+                stopped = "interrupted"
             if stopped:
                 break
             step_start = time.monotonic()
@@ -170,15 +178,21 @@ def train(cfg: TrainConfig, model_overrides: dict | None = None, *, tokenizer=No
             if cfg.save_every_n_steps and step % cfg.save_every_n_steps == 0:
                 saved_path = save(step)
                 last_saved = step
+        if step != last_saved:
+            saved_path = save(step)
+            last_saved = step
     except KeyboardInterrupt:
-        # one process only: with several, the ranks stop at different points and a collective save could hang
-        if step != last_saved and not dist.distributed:
-            logger.message(f"interrupted: saving step {step} to {latest_path} (resume with --resume)")
-            save(step)
+        # a second Ctrl-C (or one before the handler was set): mid-step state is not a consistent checkpoint,
+        # so nothing is saved; the last checkpoint stays valid
+        logger.message(f"stopped at once; the last checkpoint ({latest_path}, step {last_saved}) is kept"
+                       if last_saved >= 0 else "stopped at once, before any checkpoint was written")
         logger.close()
         raise
-    if step != last_saved:
-        saved_path = save(step)
+    finally:
+        stop_requests.__exit__(None, None, None)
+    if stopped == "interrupted":
+        logger.message(f"interrupted ({stop_requests.signal_name}): step {step} saved to {latest_path}; "
+                       "continue with --resume")
     if cfg.sample_every_n_steps and step % cfg.sample_every_n_steps and steps_this_run:
         _write_samples(engine, dist, vae, tokenizer, sample_captions, output_dir, step, logger)
     logger.message(f"stopped at step {step} ({stopped}); checkpoint: {latest_path}")
