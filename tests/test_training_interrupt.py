@@ -15,7 +15,7 @@ from test_cli import ROOT, script_main, vqgan_flags
 from test_training_resume import assert_same_weights, two_caption_folder
 
 slow = pytest.mark.skipif(os.environ.get("DALLE_LAB_SLOW_TESTS") != "1",
-                          reason="starts three training processes (~20 s on 2 cores); set DALLE_LAB_SLOW_TESTS=1")
+                          reason="starts a training process (~20 s on 2 busy cores); set DALLE_LAB_SLOW_TESTS=1")
 
 RANDOM_FLAGS = ["--dim", "32", "--depth", "1", "--heads", "2", "--dim_head", "16", "--null_cond_prob", "0.5",
                 "--attn_dropout", "0.2", "--ff_dropout", "0.2", "--warmup_steps", "2", "--sample_every_n_steps", "0",
@@ -42,23 +42,22 @@ def interrupt_after_first_checkpoint(args, out, sig, delay):
     return process.returncode, stderr
 
 
-def check_interrupted_run_resumes_exactly(tiny_vqgan, tmp_path, data_flags, sig, max_steps=12):
+def check_interrupted_run_resumes_exactly(tiny_vqgan, tmp_path, capsys, data_flags, sig, max_steps=16):
     args = [*vqgan_flags(tiny_vqgan), *RANDOM_FLAGS, *data_flags, "--max_steps", max_steps]
     assert script_main("train_dalle.py", *args, "--output_dir", tmp_path / "straight") == 0
     out = tmp_path / "interrupted"
-    delay = random.uniform(0, 0.3)
+    delay = random.uniform(0, 0.2)
     code, stderr = interrupt_after_first_checkpoint([*args, "--output_dir", out], out, sig, delay)
     stopped_at = torch.load(out / "dalle.pt", weights_only=True)["step"]
+    assert stopped_at < max_steps, f"the run ended before the signal ({delay:.2f} s after its first checkpoint)"
     if sig == signal.SIGINT:  # a clean stop: exit code 130, the step it stopped at is saved
-        assert code in (0, 130), stderr[-2000:]
-        assert code == 0 or f"step {stopped_at} saved" in stderr
+        assert code == 130 and f"step {stopped_at} saved" in stderr, stderr[-2000:]
     else:
-        assert code in (0, -signal.SIGKILL), stderr[-2000:]
-    resumed = start(*args, "--output_dir", out, "--resume")
-    _, stderr = resumed.communicate(timeout=240)
-    assert resumed.returncode == 0, stderr[-2000:]
-    if stopped_at < max_steps:
-        assert f"at step {stopped_at}" in stderr  # "resumed ... at step k"
+        assert code == -signal.SIGKILL, stderr[-2000:]
+    capsys.readouterr()
+    # the resume runs in this process (a fresh interpreter costs seconds of imports; argv is parsed the same way)
+    assert script_main("train_dalle.py", *args, "--output_dir", out, "--resume") == 0
+    assert f"at step {stopped_at}" in capsys.readouterr().err  # "resumed ... at step k"
     final = {name: torch.load(path / "dalle.pt", weights_only=True) for name, path in
              (("straight", tmp_path / "straight"), ("resumed", out))}
     assert final["straight"]["step"] == final["resumed"]["step"] == max_steps
@@ -69,22 +68,24 @@ def check_interrupted_run_resumes_exactly(tiny_vqgan, tmp_path, data_flags, sig,
 
 
 @slow
-def test_sigkill_then_resume_on_shapes(tiny_vqgan, tmp_path):
-    check_interrupted_run_resumes_exactly(tiny_vqgan, tmp_path, [], signal.SIGKILL)
+def test_sigkill_then_resume_on_shapes(tiny_vqgan, tmp_path, capsys):
+    check_interrupted_run_resumes_exactly(tiny_vqgan, tmp_path, capsys, [], signal.SIGKILL)
 
 
 @slow
-def test_sigkill_then_resume_on_a_folder_with_caption_dropout_two_captions_and_two_workers(tiny_vqgan, tmp_path):
+def test_sigkill_then_resume_on_a_folder_with_caption_dropout_two_captions_and_workers(tiny_vqgan, tmp_path,
+                                                                                    capsys):
     folder = two_caption_folder(tmp_path / "data", n=8)
-    check_interrupted_run_resumes_exactly(tiny_vqgan, tmp_path, ["--image_text_folder", folder, "--num_workers", 2],
-                                          signal.SIGKILL)
+    check_interrupted_run_resumes_exactly(tiny_vqgan, tmp_path, capsys,
+                                          ["--image_text_folder", folder, "--num_workers", 2], signal.SIGKILL)
 
 
 @slow
-def test_ctrl_c_stops_at_a_step_boundary_saves_and_resumes(tiny_vqgan, tmp_path):
+def test_ctrl_c_stops_at_a_step_boundary_saves_and_resumes(tiny_vqgan, tmp_path, capsys):
     folder = two_caption_folder(tmp_path / "data", n=8)
-    check_interrupted_run_resumes_exactly(tiny_vqgan, tmp_path, ["--image_text_folder", folder, "--num_workers", 2,
-                                                                 "--ga_steps", 2], signal.SIGINT)
+    check_interrupted_run_resumes_exactly(tiny_vqgan, tmp_path, capsys,
+                                          ["--image_text_folder", folder, "--num_workers", 2, "--ga_steps", 2],
+                                          signal.SIGINT)
 
 
 def test_a_stop_request_mid_step_finishes_the_step_and_saves_it(tiny_vqgan, tmp_path, monkeypatch):
