@@ -106,3 +106,68 @@ def test_caption_draws_are_fixed_by_seed_epoch_and_position(tmp_path):
     both_lines_used = {line for i in range(6) for line in (folder / f"{i}.txt").read_text().split("\n") if line}
     assert len(set(first)) > len(first) // 2 and set(first) <= both_lines_used
     assert captions(2) != first
+
+
+# ---------------------------------------------------------------------------------------------- refused resumes
+
+TINY = dict(dim=32, depth=1, heads=2, dim_head=16, null_cond_prob=0.0)
+
+
+def test_resume_with_changed_settings_names_each_flag_and_its_saved_value(tiny_vqgan, tmp_path):
+    from dalle_lab.training.checkpoint import CheckpointError
+
+    train(tiny_config(tiny_vqgan, tmp_path, max_steps=4), TINY, stop_at_step=2)
+    with pytest.raises(CheckpointError) as err:
+        train(tiny_config(tiny_vqgan, tmp_path, max_steps=4, batch_size=8, seed=9, resume="latest"),
+              {**TINY, "dim": 64})
+    message = str(err.value)
+    assert str(tmp_path / "dalle.pt") in message and "\n" not in message
+    for named in ("--batch_size 8 (saved: 4)", "--seed 9 (saved: 3)", "--dim 64 (saved: 32)"):
+        assert named in message
+    assert "micro-batch" not in message  # follows from --batch_size: named once
+
+    with pytest.raises(CheckpointError, match=r"LR decay horizon in steps 10 \(saved: 4\)"):
+        train(tiny_config(tiny_vqgan, tmp_path, max_steps=10, resume="latest"), TINY)
+
+
+def test_resume_in_another_world_size_is_refused(tiny_vqgan, tmp_path):
+    from dalle_lab.training.checkpoint import CheckpointError, save_checkpoint
+
+    train(tiny_config(tiny_vqgan, tmp_path, max_steps=4), TINY, stop_at_step=2)
+    ckpt = torch.load(tmp_path / "dalle.pt", weights_only=True)
+    ckpt["run"]["world_size"] = 2  # as if two processes had written it
+    save_checkpoint(ckpt, tmp_path / "dalle.pt")
+    with pytest.raises(CheckpointError, match=r"processes \(world size\) 1 \(saved: 2\)"):
+        train(tiny_config(tiny_vqgan, tmp_path, max_steps=4, resume="latest"), TINY)
+
+
+def test_settings_that_cannot_change_the_result_may_change_on_resume(tiny_vqgan, tmp_path):
+    straight = train(tiny_config(tiny_vqgan, tmp_path / "a", max_steps=4, amp=False), RANDOM_MODEL)
+    train(tiny_config(tiny_vqgan, tmp_path / "b", max_steps=4, amp=False), RANDOM_MODEL, stop_at_step=2)
+    resumed = train(tiny_config(tiny_vqgan, tmp_path / "b", max_steps=4, amp=False, resume="latest",
+                                log_every_n_steps=3, save_every_n_steps=1, sample_every_n_steps=1,
+                                sample_captions=["a red circle"], max_minutes=60.0), RANDOM_MODEL)
+    assert_same_weights(final_weights(straight), final_weights(resumed))
+
+
+def test_a_bare_resume_continues_with_the_saved_flags_and_given_flags_must_match(tiny_vqgan, tmp_path, capsys):
+    from test_cli import TINY_FLAGS, script_main, vqgan_flags
+
+    out = tmp_path / "run"
+    flags = [*vqgan_flags(tiny_vqgan), *TINY_FLAGS, "--batch_size", "2", "--max_steps", "4", "--seed", "5",
+             "--output_dir", out]
+    assert script_main("train_dalle.py", *flags, "--save_every_n_steps", "2") == 0
+    ckpt = torch.load(out / "dalle-step00000002.pt", weights_only=True)
+    from dalle_lab.training.checkpoint import save_checkpoint
+
+    save_checkpoint(ckpt, out / "dalle.pt")  # back to step 2, as if the run had been killed there
+    capsys.readouterr()
+    assert script_main("train_dalle.py", "--output_dir", out, "--resume") == 0  # nothing else given
+    assert "at step 2" in capsys.readouterr().err
+    resumed = torch.load(out / "dalle.pt", weights_only=True)
+    assert resumed["step"] == 4 and resumed["train_config"]["batch_size"] == 2 and resumed["config"]["dim"] == 32
+
+    save_checkpoint(ckpt, out / "dalle.pt")
+    assert script_main("train_dalle.py", "--output_dir", out, "--resume", "--ga_steps", "2", "--depth", "2") == 1
+    err = capsys.readouterr().err
+    assert "--ga_steps 2 (saved: 1)" in err and "--depth 2 (saved: 1)" in err and err.count("\n") == 1

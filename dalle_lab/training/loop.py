@@ -10,6 +10,7 @@ resume + (N - k) steps equals N steps straight.
 from __future__ import annotations
 
 import math
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,6 +23,7 @@ from .config import TrainConfig
 from .distributed import DistInfo, all_reduce_mean, any_rank, barrier, env_dist_info, gather_objects
 from .precision import resolve_precision
 from .schedule import LRSchedule
+from .resume import changed_settings, check_resume_settings, run_facts
 from .seeding import seed_micro_batch
 
 SAMPLE_GRID_SIZE = 8
@@ -52,7 +54,7 @@ def train(cfg: TrainConfig, model_overrides: dict | None = None, *, tokenizer=No
     dist = env_dist_info()
     device = _device(cfg, dist)
 
-    resume_path, resume_ckpt = _resume_checkpoint(cfg)
+    resume_path, resume_ckpt = _resume_checkpoint(cfg, model_overrides or {})
     init_ckpt = resume_ckpt or (ckpt_io.read_checkpoint(cfg.dalle_path) if cfg.dalle_path else None)
     if tokenizer is None:
         tokenizer = (ckpt_io.tokenizer_from_identity(init_ckpt["tokenizer"], cfg.dalle_path or resume_path)
@@ -83,8 +85,10 @@ def train(cfg: TrainConfig, model_overrides: dict | None = None, *, tokenizer=No
     schedule = LRSchedule(cfg.learning_rate, cfg.warmup_steps, total_steps, cfg.lr_decay, cfg.min_lr_ratio,
                           cfg.plateau_factor, cfg.plateau_patience)
 
+    facts = run_facts(world_size=dist.world_size, micro_batch=micro_batch, ga_steps=ga_steps, schedule=schedule)
     step, nonfinite_total, wandb_run_id = 0, 0, None
     if resume_ckpt:
+        check_resume_settings(resume_ckpt, cfg, model_overrides or {}, facts, resume_path)
         engine.load_training_state(resume_ckpt, resume_path)
         schedule.load_state_dict(resume_ckpt["scheduler"])
         step = int(resume_ckpt["step"])
@@ -109,7 +113,7 @@ def train(cfg: TrainConfig, model_overrides: dict | None = None, *, tokenizer=No
 
     def save(at_step: int) -> Path:
         return _save(engine, dist, cfg, output_dir, latest_path, at_step, model_config, tokenizer, vae, schedule,
-                     source, nonfinite_total, logger.wandb_run_id)
+                     source, nonfinite_total, logger.wandb_run_id, facts)
 
     history: list[dict] = []
     consecutive_nonfinite, last_saved, saved_path = 0, step if resume_ckpt else -1, None
@@ -267,14 +271,19 @@ def _model_config(overrides: dict, tokenizer, vae, init_ckpt) -> dict:
     return config
 
 
-def _resume_checkpoint(cfg: TrainConfig):
-    """(path, checkpoint) to continue exactly, or (None, None). --dalle_path of a training checkpoint resumes too."""
-    path = cfg.resume
-    if path == "latest":
-        path = str(Path(cfg.output_dir) / f"{cfg.dalle_output_file_name}.pt")
+def _resume_checkpoint(cfg: TrainConfig, model_overrides: dict):
+    """(path, checkpoint) to continue exactly, or (None, None). --dalle_path of a training checkpoint resumes too,
+    unless the settings differ from its run's: then a new run starts from its weights (--resume would refuse)."""
+    path = resume_path(cfg)
     if path is None and cfg.dalle_path:
         candidate = ckpt_io.read_checkpoint(cfg.dalle_path)
-        return (cfg.dalle_path, candidate) if ckpt_io.is_training_checkpoint(candidate) else (None, None)
+        if not ckpt_io.is_training_checkpoint(candidate):
+            return None, None
+        changed = changed_settings(candidate, cfg, model_overrides, facts=None)
+        if changed and env_dist_info().is_main:
+            print(f"{cfg.dalle_path}: a new run starts from its weights, because these settings differ from its run: "
+                  f"{'; '.join(changed)} (--resume continues it exactly instead)", file=sys.stderr)
+        return (None, None) if changed else (cfg.dalle_path, candidate)
     if path is None:
         return None, None
     ckpt = ckpt_io.read_checkpoint(path)
@@ -282,6 +291,13 @@ def _resume_checkpoint(cfg: TrainConfig):
         raise ckpt_io.CheckpointError(f"{path} holds weights only (no optimizer state, step, ...), so it cannot be "
                                       f"resumed exactly; pass it as --dalle_path to start a new run from it")
     return path, ckpt
+
+
+def resume_path(cfg: TrainConfig) -> str | None:
+    """The checkpoint --resume names (bare --resume: <output_dir>/<name>.pt), or None."""
+    if cfg.resume == "latest":
+        return str(Path(cfg.output_dir) / f"{cfg.dalle_output_file_name}.pt")
+    return cfg.resume
 
 
 def _engine(cfg: TrainConfig, model, optimizer, precision, dist: DistInfo):
@@ -411,7 +427,7 @@ def _write_samples(engine, dist, vae, tokenizer, captions, output_dir: Path, ste
 
 
 def _save(engine, dist, cfg, output_dir, latest_path, step, model_config, tokenizer, vae, schedule, source,
-          nonfinite_total, wandb_run_id) -> Path | None:
+          nonfinite_total, wandb_run_id, facts) -> Path | None:
     """Collective: every rank contributes its RNG state (and DeepSpeed shard); rank 0 writes one file."""
     rng = gather_objects(ckpt_io.capture_rng())
     if engine.kind == "deepspeed":
@@ -423,8 +439,8 @@ def _save(engine, dist, cfg, output_dir, latest_path, step, model_config, tokeni
         checkpoint = ckpt_io.make_checkpoint(
             config=model_config, tokenizer_identity=tokenizer.identity, vae_identity=vae.identity, **parts,
             scheduler=schedule.state_dict(), step=step, epoch=source.epoch, data_position=source.position, rng=rng,
-            train_config=_jsonable(cfg.to_dict()), wandb_run_id=wandb_run_id, nonfinite_skipped=nonfinite_total,
-            engine=engine.kind)
+            train_config=_jsonable(cfg.to_dict()), run=facts, wandb_run_id=wandb_run_id,
+            nonfinite_skipped=nonfinite_total, engine=engine.kind)
         step_path = ckpt_io.step_checkpoint_path(output_dir, cfg.dalle_output_file_name, step)
         ckpt_io.save_checkpoint(checkpoint, step_path)
         _link_latest(step_path, latest_path)
