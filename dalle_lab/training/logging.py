@@ -85,7 +85,9 @@ class RunLogger:
             Path(self.metrics_path).parent.mkdir(parents=True, exist_ok=True)
             with open(self.metrics_path, "a", encoding="utf-8") as handle:
                 handle.write(json.dumps({"step": step, **metrics}) + "\n")
-        if self.wandb_run is not None:
+        # A resumed run recomputes, bit for bit, the steps its interrupted predecessor logged after the last
+        # checkpoint; wandb already holds those (it accepts each step once), so they are not sent again.
+        if self.wandb_run is not None and step >= getattr(self.wandb_run, "step", 0):
             self.wandb_run.log(dict(metrics), step=step)
 
     def message(self, text: str) -> None:

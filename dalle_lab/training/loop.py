@@ -456,13 +456,17 @@ def _link_latest(step_path: Path, latest_path: Path) -> None:
     import os
     import shutil
 
+    from dalle_lab.utils import fsync_path
+
     tmp = latest_path.with_name(f".{latest_path.name}.tmp")
     tmp.unlink(missing_ok=True)
     try:
         os.link(step_path, tmp)
     except OSError:
         shutil.copyfile(step_path, tmp)
+        fsync_path(tmp)
     os.replace(tmp, latest_path)
+    fsync_path(latest_path.parent)  # durable before rotation may delete the previous step file
 
 
 def _jsonable(value):
