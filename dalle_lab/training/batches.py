@@ -102,8 +102,9 @@ class WebDatasetBatches:
     already consumed (shards stream; there is no random access), so the position is the batch count."""
 
     def __init__(self, urls, batch_size: int, image_size: int, seed: int = 0, position: dict | None = None,
-                 num_workers: int = 0):
-        self.make_loader = lambda epoch: _webdataset_loader(urls, batch_size, image_size, seed + epoch, num_workers)
+                 num_workers: int = 0, long_captions=None):
+        self.make_loader = lambda epoch: _webdataset_loader(urls, batch_size, image_size, seed, epoch, num_workers,
+                                                            long_captions)
         self.epoch = int(position["epoch"]) if position else 0
         self.batches = int(position["batch"]) if position else 0
         self._iterator = None
@@ -128,11 +129,17 @@ class WebDatasetBatches:
         return list(captions), images
 
 
-def _webdataset_loader(urls, batch_size, image_size, seed, num_workers):
+# samples shuffled within each worker's stream; shards are permuted too (dalle_lab.data.wds), both from (seed, epoch)
+WDS_SHUFFLE_BUFFER = 1000
+
+
+def _webdataset_loader(urls, batch_size, image_size, seed, epoch, num_workers, long_captions):
     from dalle_lab.data import webdataset_loader
 
     # the loader finds the image (jpg/png/...) and txt members itself and splits shards across ranks and workers
-    return webdataset_loader(urls, batch_size=batch_size, num_workers=num_workers, image_size=image_size, seed=seed)
+    return webdataset_loader(urls, batch_size=batch_size, num_workers=num_workers, image_size=image_size, seed=seed,
+                             epoch=epoch, shuffle=WDS_SHUFFLE_BUFFER, long_captions=long_captions,
+                             worker_init_fn=_worker_init if num_workers else None)
 
 
 class _DrawnCaptions(torch.utils.data.Dataset):

@@ -79,7 +79,8 @@ def train(cfg: TrainConfig, model_overrides: dict | None = None, *, tokenizer=No
     engine = _engine(cfg, model, optimizer, precision, dist)
     ga_steps, micro_batch = engine.ga_steps, engine.micro_batch_size
 
-    source = _source(cfg, dist, micro_batch, vae.image_size, resume_ckpt["data_position"] if resume_ckpt else None)
+    source = _source(cfg, dist, micro_batch, vae.image_size, resume_ckpt["data_position"] if resume_ckpt else None,
+                     tokenizer, model.config.text_seq_len)
     _check_budget(cfg, source)
     total_steps = _total_steps(cfg, source)
     schedule = LRSchedule(cfg.learning_rate, cfg.warmup_steps, total_steps, cfg.lr_decay, cfg.min_lr_ratio,
@@ -321,7 +322,18 @@ def _builtin(cfg: TrainConfig) -> str:
     return check_builtin(cfg.dataset)
 
 
-def _source(cfg: TrainConfig, dist: DistInfo, batch_size: int, image_size: int, position: dict | None):
+def _source(cfg: TrainConfig, dist: DistInfo, batch_size: int, image_size: int, position: dict | None,
+            tokenizer, text_seq_len: int):
+    """The batches to train on; a folder's or the emoji data's captions are checked against text_seq_len here,
+    before step 1 (shards: as they are read), see captions.py."""
+    from .captions import LongCaptionCheck, check_dataset_captions, long_caption_mode
+
+    mode = long_caption_mode(cfg.truncate_captions, cfg.skip_long_captions)
+
+    def say(message: str) -> None:
+        if dist.is_main:
+            print(message, file=sys.stderr)
+
     if position and position.get("kind") != _source_kind(cfg):
         kinds = {"shapes": "the built-in Shapes stream", "folder": "an image-text folder or the built-in emoji data",
                  "webdataset": "WebDataset shards"}
@@ -335,16 +347,18 @@ def _source(cfg: TrainConfig, dist: DistInfo, batch_size: int, image_size: int, 
         if not cfg.image_text_folder:
             raise ValueError("--wds reads WebDataset shards: give their path(s) or brace pattern as "
                              "--image_text_folder, e.g. --image_text_folder 'shards/data-{000..009}.tar' --wds jpg,txt")
-        return WebDatasetBatches(cfg.image_text_folder, batch_size, image_size, cfg.seed, position, cfg.num_workers)
-    if cfg.image_text_folder:
-        from dalle_lab.data import TextImageFolder
+        return WebDatasetBatches(cfg.image_text_folder, batch_size, image_size, cfg.seed, position, cfg.num_workers,
+                                 long_captions=LongCaptionCheck(tokenizer, text_seq_len, mode))
+    if cfg.image_text_folder or _builtin(cfg) == "emoji":
+        if cfg.image_text_folder:
+            from dalle_lab.data import TextImageFolder
 
-        dataset = TextImageFolder(cfg.image_text_folder, image_size=image_size)
-        return FolderBatches(dataset, batch_size, cfg.seed, dist.rank, dist.world_size, position, cfg.num_workers)
-    if _builtin(cfg) == "emoji":
-        from dalle_lab.data.builtin import builtin_dataset
+            dataset = TextImageFolder(cfg.image_text_folder, image_size=image_size)
+        else:
+            from dalle_lab.data.builtin import builtin_dataset
 
-        dataset = builtin_dataset("emoji", "train", image_size=image_size)
+            dataset = builtin_dataset("emoji", "train", image_size=image_size)
+        dataset = check_dataset_captions(dataset, tokenizer, text_seq_len, mode, say)
         return FolderBatches(dataset, batch_size, cfg.seed, dist.rank, dist.world_size, position, cfg.num_workers)
     return ShapesStream(batch_size, image_size, cfg.seed, dist.rank, dist.world_size, position)
 
