@@ -51,6 +51,7 @@ def main(argv=None) -> int:
 
     import torch
 
+    from dalle_lab.training.captions import warn_unknown_words
     from dalle_lab.training.checkpoint import CheckpointError, load_dalle
     from dalle_lab.training.generation import generate_to_folder
     from dalle_lab.utils import pick_device
@@ -60,6 +61,7 @@ def main(argv=None) -> int:
     try:
         device = pick_device(args.device)
         dalle, tokenizer, vae = load_dalle(args.dalle_path, device)
+        warn_unknown_words(tokenizer, captions, "generate.py")  # named, then generated all the same
         with torch.inference_mode():
             records = generate_to_folder(dalle, vae, tokenizer, captions, args.outputs_dir, args.num_images,
                                          args.batch_size, settings, args.seed, checkpoint=str(args.dalle_path),

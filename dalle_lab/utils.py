@@ -32,10 +32,27 @@ def file_sha256(path: str | os.PathLike, chunk_size: int = 1 << 20) -> str:
     return digest.hexdigest()
 
 
-def atomic_write(path: str | os.PathLike, write: Callable[[str], Any]) -> Path:
-    """Call `write(tmp_path)`, then rename tmp_path over `path`.
+def fsync_path(path: str | os.PathLike) -> None:
+    """Flush a file's (or a directory's entries') data to the disk. Directories cannot be opened on Windows, where
+    the rename below is durable by itself."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except (IsADirectoryError, PermissionError):
+        return
+    try:
+        os.fsync(fd)
+    except OSError:  # some file systems cannot fsync directories; nothing more can be done there
+        pass
+    finally:
+        os.close(fd)
 
-    The rename is atomic on POSIX, so a process killed mid-write leaves the previous file intact.
+
+def atomic_write(path: str | os.PathLike, write: Callable[[str], Any]) -> Path:
+    """Call `write(tmp_path)`, then rename tmp_path over `path`, durably.
+
+    The rename is atomic on POSIX, so a process killed mid-write leaves the previous file intact. The file is
+    fsynced before the rename and its folder after it, so after a power loss `path` holds either the old or the
+    new bytes, never an empty or half-written file, and a caller may delete older files once this returns.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -47,7 +64,9 @@ def atomic_write(path: str | os.PathLike, write: Callable[[str], Any]) -> Path:
         umask = os.umask(0)
         os.umask(umask)
         os.chmod(tmp, 0o666 & ~umask)
+        fsync_path(tmp)
         os.replace(tmp, path)
+        fsync_path(path.parent)
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)

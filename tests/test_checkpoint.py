@@ -160,3 +160,30 @@ def test_weights_only_checkpoint_cannot_be_resumed_but_can_start_a_run(trained, 
                       sample_every_n_steps=0, progress=False)
     result = train(cfg)  # tokenizer and VAE come from what the checkpoint recorded
     assert result.step == 1
+
+
+def test_checkpoints_are_durable_before_an_older_one_is_deleted(tiny_vqgan, tmp_path, monkeypatch):
+    """fsync the new file, rename it, fsync its folder; only then may rotation delete the oldest step file."""
+    from pathlib import Path
+
+    events = []
+    real_fsync, real_replace, real_unlink = os.fsync, os.replace, Path.unlink
+
+    def fsync(fd):
+        events.append(("fsync", os.path.basename(os.readlink(f"/proc/self/fd/{fd}"))))
+        return real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "replace", lambda a, b: events.append(("rename", Path(b).name)) or real_replace(a, b))
+    monkeypatch.setattr(Path, "unlink", lambda self, **kw: events.append(("delete", self.name)) or
+                        real_unlink(self, **kw))
+    cfg = TrainConfig(vqgan_model_path=str(tiny_vqgan[0]), vqgan_config_path=str(tiny_vqgan[1]), batch_size=2,
+                      max_steps=3, save_every_n_steps=1, keep_n_checkpoints=2, output_dir=str(tmp_path),
+                      sample_every_n_steps=0, progress=False, log_every_n_steps=100)
+    train(cfg, TINY_MODEL)
+    step3 = events.index(("rename", "dalle-step00000003.pt"))
+    assert events[step3 - 1][0] == "fsync" and events[step3 - 1][1].startswith(".dalle-step00000003.pt")
+    assert events[step3 + 1] == ("fsync", tmp_path.name)  # the folder entry
+    latest = events.index(("rename", "dalle.pt"), step3)
+    assert events[latest + 1] == ("fsync", tmp_path.name)
+    assert events.index(("delete", "dalle-step00000001.pt")) > latest + 1

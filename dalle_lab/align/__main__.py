@@ -86,6 +86,7 @@ def main(argv=None) -> int:
 
     import torch
 
+    from dalle_lab.training.captions import warn_unknown_words
     from dalle_lab.training.checkpoint import CheckpointError, load_dalle
     from dalle_lab.utils import pick_device
 
@@ -94,6 +95,7 @@ def main(argv=None) -> int:
     try:
         prompts = read_prompts(args)
         dalle, tokenizer, _ = load_dalle(args.dalle_path, pick_device(args.device))
+        warn_unknown_words(tokenizer, prompts, "python -m dalle_lab.align")  # named; the run goes on
         reward_options = {"clip_path": args.clip_path, "head_path": args.aesthetic_head_path,
                           "device": pick_device(args.device)}
         if config.method == "reward_backprop":

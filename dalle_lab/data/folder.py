@@ -1,7 +1,7 @@
 """Image-text folders in the DALLE-pytorch format.
 
     root/
-      cats/001.jpg   cats/001.txt      one or more captions, one a line; a random line per access
+      cats/001.jpg   cats/001.txt      one or more captions, one a line; one line per access (see `get`)
       dogs/001.png   dogs/001.txt      same stem in another folder: a different item (keyed by relative path)
 
 Images: .png .jpg .jpeg .bmp .webp (any case), found recursively. The caption file is the image's path with the
@@ -39,11 +39,13 @@ class FolderReport:
     missing_caption: list[str] = field(default_factory=list)  # images without a .txt
     empty_caption: list[str] = field(default_factory=list)  # .txt without a non-blank line
     corrupt_image: list[str] = field(default_factory=list)  # images PIL could not decode
+    long_caption: list[str] = field(default_factory=list)  # images left with no caption short enough (skipped)
+    long_caption_lines: int = 0  # caption lines longer than text_seq_len, left out (skip_long_captions)
     orphan_captions: list[str] = field(default_factory=list)  # .txt files without an image (informational)
 
     @property
     def skipped(self) -> int:
-        return len(self.missing_caption) + len(self.empty_caption) + len(self.corrupt_image)
+        return len(self.missing_caption) + len(self.empty_caption) + len(self.corrupt_image) + len(self.long_caption)
 
     def summary(self) -> str:
         def names(paths: list[str]) -> str:
@@ -53,9 +55,12 @@ class FolderReport:
         lines = [f"{self.root}: {self.images} usable image-caption pairs, {self.skipped} skipped"]
         for label, paths in (("no caption file", self.missing_caption), ("empty caption file", self.empty_caption),
                              ("corrupt image", self.corrupt_image),
+                             ("every caption longer than text_seq_len", self.long_caption),
                              ("caption file without an image (ignored)", self.orphan_captions)):
             if paths:
                 lines.append(f"  {label}: {len(paths)} ({names(paths)})")
+        if self.long_caption_lines:
+            lines.append(f"  caption lines longer than text_seq_len, left out: {self.long_caption_lines}")
         return "\n".join(lines)
 
 
@@ -155,6 +160,50 @@ class TextImageFolder(Dataset):
     def __len__(self) -> int:
         return len(self.keys)
 
+    def caption_lines_by_file(self) -> dict[str, list[str]]:
+        """Every usable caption line, keyed by its caption file (relative path)."""
+        return {self._caption_files[i].relative_to(self.root).as_posix(): list(lines)
+                for i, lines in enumerate(self._captions)}
+
+    def check_caption_lengths(self, count_tokens, text_seq_len: int, mode: str = "error") -> None:
+        """Check every caption line against text_seq_len before training: `count_tokens(list of captions)` gives
+        their token counts. mode "error": ValueError naming the first too-long line's file and line number;
+        "truncate": nothing to do (the tokenizer cuts); "skip": leave such lines out, and images left without a
+        line out of the dataset, counted in the report like corrupt images."""
+        if mode == "truncate":
+            return
+        flat = [(i, n, line) for i, lines in enumerate(self._captions) for n, line in enumerate(lines, 1)]
+        lengths = count_tokens([line for _, _, line in flat])
+        long = [(i, n, line, tokens) for (i, n, line), tokens in zip(flat, lengths) if tokens > text_seq_len]
+        if not long:
+            return
+        if mode == "error":
+            i, n, line, tokens = long[0]
+            from dalle_lab.tokenizers.base import shorten
+
+            more = f" ({len(long) - 1} more such lines)" if len(long) > 1 else ""
+            raise ValueError(f"{self._caption_files[i]}, line {n}: caption {shorten(line)} is {tokens} tokens long but "
+                             f"text_seq_len is {text_seq_len}{more}: pass --truncate_captions to cut such captions, "
+                             f"--skip_long_captions to leave them out, or a larger --text_seq_len")
+        drop = {(i, n) for i, n, _, _ in long}
+        kept = []
+        for i, key in enumerate(self.keys):
+            lines = [line for n, line in enumerate(self._captions[i], 1) if (i, n) not in drop]
+            if lines:
+                kept.append((key, self._images[i], lines, self._caption_files[i]))
+            else:
+                self.report.long_caption.append(key)
+        self.report.long_caption_lines += len(long)
+        self.keys = [k for k, _, _, _ in kept]
+        self._images = [image for _, image, _, _ in kept]
+        self._captions = [lines for _, _, lines, _ in kept]
+        self._caption_files = [f for _, _, _, f in kept]
+        self.report.images = len(self.keys)
+        logger.warning("image-text folder: %s", self.report.summary())
+        if not self.keys:
+            raise ValueError(f"every caption in {str(self.root)!r} is longer than text_seq_len {text_seq_len}: "
+                             f"raise --text_seq_len or pass --truncate_captions")
+
     def captions(self, index: int) -> list[str]:
         return list(self._captions[index])
 
@@ -166,6 +215,12 @@ class TextImageFolder(Dataset):
                              f"--truncate_captions to cut long captions, or raise text_seq_len)") from error
 
     def __getitem__(self, index: int):
+        """An item with a caption line drawn from Python's `random` (seed it yourself); training uses `get`."""
+        return self.get(index)
+
+    def get(self, index: int, caption_draw: int | None = None):
+        """Item `index` with caption line `caption_draw % lines` (None: a `random` line). Training passes a draw
+        derived from (seed, epoch, position), so the caption never depends on which worker loads the item."""
         # A corrupt image is reported once and replaced by the next item, so one bad file never stops training.
         for attempt in range(len(self.keys)):
             position = (index + attempt) % len(self.keys)
@@ -177,7 +232,8 @@ class TextImageFolder(Dataset):
             except Exception as error:
                 self._mark_corrupt(key, error)
                 continue
-            caption = random.choice(self._captions[position])
+            lines = self._captions[position]
+            caption = random.choice(lines) if caption_draw is None else lines[caption_draw % len(lines)]
             if self.tokenizer is None:
                 return image, caption
             return self._tokenize(caption, position), image

@@ -5,6 +5,11 @@ Each sample in a shard is a group of files sharing a key, e.g. `000123.jpg` + `0
 round-robin: rank r of R gets shards r, r+R, ...; within a rank, DataLoader worker w of W gets every W-th of
 those. So each shard is read by exactly one worker of one rank per epoch, and you want at least R*W shards.
 Samples that cannot be decoded (no image, no caption, corrupt image) are logged and skipped.
+
+With `shuffle=n`, every draw is a function of (seed, epoch, ...), never of global state, so the same epoch can be
+replayed exactly (what a resumed training run does): the shard list is permuted from (seed, epoch) before it is
+dealt out (the same permutation on every rank), and each worker shuffles its samples in a buffer of n seeded from
+(seed, epoch, rank, worker). Which caption line of a sample is used is drawn from (seed, epoch, shard, key).
 """
 from __future__ import annotations
 
@@ -46,7 +51,36 @@ def _split_by_rank(shards: Iterator[dict], rank: int, world_size: int) -> Iterat
     return islice(shards, rank, None, world_size)
 
 
-def _decode(samples: Iterator[dict], image_size: int, tokenizer, text_seq_len, truncate_captions) -> Iterator[tuple]:
+def _seed(*parts) -> int:
+    from dalle_lab.training.seeding import derive_seed
+
+    return derive_seed(*parts)
+
+
+def _worker_id() -> int:
+    from torch.utils.data import get_worker_info
+
+    info = get_worker_info()
+    return info.id if info is not None else 0
+
+
+def _shuffle_samples(samples: Iterator, buffer_size: int, seed: int, epoch: int, rank: int) -> Iterator:
+    """A buffer shuffle whose generator is seeded from (seed, epoch, rank, worker): replayable."""
+    rng = random.Random(_seed("wds-samples", seed, epoch, rank, _worker_id()))
+    buffer = []
+    for sample in samples:
+        if len(buffer) < buffer_size:
+            buffer.append(sample)
+            continue
+        index = rng.randrange(buffer_size)
+        yield buffer[index]
+        buffer[index] = sample
+    rng.shuffle(buffer)
+    yield from buffer
+
+
+def _decode(samples: Iterator[dict], image_size: int, tokenizer, text_seq_len, truncate_captions, seed: int = 0,
+            epoch: int = 0, long_captions=None) -> Iterator[tuple]:
     for sample in samples:
         where = f"{sample.get('__url__', '?')}:{sample.get('__key__', '?')}"
         image_key = next((key for key in _IMAGE_KEYS if key in sample), None)
@@ -63,7 +97,10 @@ def _decode(samples: Iterator[dict], image_size: int, tokenizer, text_seq_len, t
         except Exception as error:  # PIL raises many types for bad files
             logger.warning("skipping shard sample %s: corrupt image (%s: %s)", where, type(error).__name__, error)
             continue
-        caption = random.choice(captions)
+        caption = captions[_seed("wds-caption", seed, epoch, where) % len(captions)] if len(captions) > 1 \
+            else captions[0]
+        if long_captions is not None and not long_captions(caption, where):
+            continue
         if tokenizer is None:
             yield image, caption
             continue
@@ -76,11 +113,12 @@ def _decode(samples: Iterator[dict], image_size: int, tokenizer, text_seq_len, t
 
 def webdataset_dataset(urls, image_size: int = 32, tokenizer=None, text_seq_len: int | None = None,
                        truncate_captions: bool = False, shuffle: int = 0, rank: int | None = None,
-                       world_size: int | None = None, seed: int = 0):
+                       world_size: int | None = None, seed: int = 0, epoch: int = 0, long_captions=None):
     """An IterableDataset of `(image, caption)` (or `(text_tokens, image)` with a tokenizer) from tar shards.
 
     urls: a brace pattern ("data/shard-{000..099}.tar") or a list of paths/URLs. rank/world_size default to
-    `distributed_rank()`. shuffle > 0 shuffles the shard order per epoch and samples in a buffer of that size.
+    `distributed_rank()`. shuffle > 0 shuffles the shard order and the samples (buffer of that size) from
+    (seed, epoch). long_captions: optional picklable callable (caption, where) -> keep?, which may also raise.
     """
     import webdataset as wds
 
@@ -99,16 +137,22 @@ def webdataset_dataset(urls, image_size: int = 32, tokenizer=None, text_seq_len:
                          f"(and ideally one per DataLoader worker of every rank)")
 
     # Module-level functions through partial (not closures), so DataLoader workers can be spawned as well as forked.
-    dataset = wds.WebDataset(shards, shardshuffle=shuffle if shuffle else False,
+    if shuffle:  # the same permutation on every rank, so the split below stays disjoint
+        import torch
+
+        order = torch.randperm(len(shards), generator=torch.Generator().manual_seed(_seed("wds-shards", seed, epoch)))
+        shards = [shards[i] for i in order.tolist()]
+    dataset = wds.WebDataset(shards, shardshuffle=False,
                              nodesplitter=partial(_split_by_rank, rank=rank, world_size=world_size),
-                             workersplitter=wds.split_by_worker, seed=seed, empty_check=False)
+                             workersplitter=wds.split_by_worker, empty_check=False)
     if shuffle:
-        dataset = dataset.shuffle(shuffle)
+        dataset = dataset.compose(partial(_shuffle_samples, buffer_size=shuffle, seed=seed, epoch=epoch, rank=rank))
     return dataset.compose(partial(_decode, image_size=image_size, tokenizer=tokenizer, text_seq_len=text_seq_len,
-                                   truncate_captions=truncate_captions))
+                                   truncate_captions=truncate_captions, seed=seed, epoch=epoch,
+                                   long_captions=long_captions))
 
 
-def webdataset_loader(urls, batch_size: int, num_workers: int = 0, **dataset_kwargs):
+def webdataset_loader(urls, batch_size: int, num_workers: int = 0, worker_init_fn=None, **dataset_kwargs):
     """A DataLoader of batches from tar shards (see `webdataset_dataset` for the other arguments).
 
     Batches are stacked tensors plus a list of captions (or two tensors with a tokenizer). The loader ends after
@@ -124,4 +168,5 @@ def webdataset_loader(urls, batch_size: int, num_workers: int = 0, **dataset_kwa
         return torch.stack(first), torch.stack(second)  # (text_tokens, image)
 
     dataset = webdataset_dataset(urls, **dataset_kwargs)
-    return DataLoader(dataset, batch_size=batch_size, num_workers=num_workers, collate_fn=collate)
+    return DataLoader(dataset, batch_size=batch_size, num_workers=num_workers, collate_fn=collate,
+                      worker_init_fn=worker_init_fn)

@@ -6,12 +6,17 @@ Each source reports a `position` dict that goes into the checkpoint and is hande
 - ShapesStream: the built-in Shapes data, freshly rendered. Sample i of the stream is a deterministic function of
   (seed, i); rank r of W takes the rank-strided indices base + r, base + r + W, ..., so W processes with batch b see
   exactly the samples one process with batch W*b would see.
-- FolderBatches: an image-text folder, reshuffled every epoch from (seed, epoch), split rank-strided.
-- WebDatasetBatches: WebDataset shards (the loader splits shards across ranks); resume skips consumed batches.
+- FolderBatches: an image-text folder, reshuffled every epoch from (seed, epoch), split rank-strided. Which of
+  an image's captions is used is drawn from (seed, epoch, position in the epoch's order), not by the worker that
+  happens to load it, so num_workers and a mid-epoch resume change nothing.
+- WebDatasetBatches: WebDataset shards (the loader splits shards across ranks, shuffles shards and samples from
+  (seed, epoch)); resume replays the epoch's stream and skips the consumed batches.
 """
 from __future__ import annotations
 
 import torch
+
+from .seeding import derive_seed
 
 SHAPES_SPLIT = "train"
 # The stream is unbounded in practice; ShapesDataset wants a length, and 2**31 - 1 samples is never exhausted.
@@ -59,20 +64,27 @@ class FolderBatches:
     def position(self) -> dict:
         return {"kind": "folder", "epoch": self.epoch, "batch": self.batch_in_epoch}
 
-    def _epoch_indices(self) -> list[int]:
+    def _epoch_items(self) -> list[tuple[int, int]]:
+        """This rank's remaining (dataset index, caption draw) pairs of the epoch. The draw is a function of (seed,
+        epoch, global position), so it is the same whichever rank, worker or resumed run loads the item."""
         generator = torch.Generator().manual_seed(self.seed * 100_003 + self.epoch)
         order = torch.randperm(len(self.dataset), generator=generator).tolist()
         usable = order[: self.batches_per_epoch * self.batch_size * self.world_size]
-        mine = usable[self.rank :: self.world_size]
+        items = [(index, derive_seed("caption", self.seed, self.epoch, position))
+                 for position, index in enumerate(usable)]
+        mine = items[self.rank :: self.world_size]
         return mine[self.batch_in_epoch * self.batch_size :]
 
     def _start_epoch(self):
         from torch.utils.data import DataLoader
 
-        indices = self._epoch_indices()
-        batches = [indices[i : i + self.batch_size] for i in range(0, len(indices), self.batch_size)]
-        loader = DataLoader(self.dataset, batch_sampler=batches, num_workers=self.num_workers,
-                            collate_fn=_collate)
+        items = self._epoch_items()
+        batches = [items[i : i + self.batch_size] for i in range(0, len(items), self.batch_size)]
+        # the loader's generator only seeds its workers; seeded from (seed, rank, epoch), never the global RNG
+        loader = DataLoader(_DrawnCaptions(self.dataset), batch_sampler=batches, num_workers=self.num_workers,
+                            collate_fn=_collate, worker_init_fn=_worker_init if self.num_workers else None,
+                            generator=torch.Generator().manual_seed(
+                                derive_seed("loader", self.seed, self.rank, self.epoch)))
         self._iterator = iter(loader)
 
     def next_batch(self):
@@ -90,8 +102,9 @@ class WebDatasetBatches:
     already consumed (shards stream; there is no random access), so the position is the batch count."""
 
     def __init__(self, urls, batch_size: int, image_size: int, seed: int = 0, position: dict | None = None,
-                 num_workers: int = 0):
-        self.make_loader = lambda epoch: _webdataset_loader(urls, batch_size, image_size, seed + epoch, num_workers)
+                 num_workers: int = 0, long_captions=None):
+        self.make_loader = lambda epoch: _webdataset_loader(urls, batch_size, image_size, seed, epoch, num_workers,
+                                                            long_captions)
         self.epoch = int(position["epoch"]) if position else 0
         self.batches = int(position["batch"]) if position else 0
         self._iterator = None
@@ -116,11 +129,41 @@ class WebDatasetBatches:
         return list(captions), images
 
 
-def _webdataset_loader(urls, batch_size, image_size, seed, num_workers):
+# samples shuffled within each worker's stream; shards are permuted too (dalle_lab.data.wds), both from (seed, epoch)
+WDS_SHUFFLE_BUFFER = 1000
+
+
+def _webdataset_loader(urls, batch_size, image_size, seed, epoch, num_workers, long_captions):
     from dalle_lab.data import webdataset_loader
 
     # the loader finds the image (jpg/png/...) and txt members itself and splits shards across ranks and workers
-    return webdataset_loader(urls, batch_size=batch_size, num_workers=num_workers, image_size=image_size, seed=seed)
+    return webdataset_loader(urls, batch_size=batch_size, num_workers=num_workers, image_size=image_size, seed=seed,
+                             epoch=epoch, shuffle=WDS_SHUFFLE_BUFFER, long_captions=long_captions,
+                             worker_init_fn=_worker_init if num_workers else None)
+
+
+class _DrawnCaptions(torch.utils.data.Dataset):
+    """Items addressed by (index, caption draw): datasets with several captions per image (TextImageFolder's
+    `get`) use the draw to pick one; single-caption datasets ignore it."""
+
+    def __init__(self, dataset):
+        self.dataset = dataset
+
+    def __len__(self):
+        return len(self.dataset)
+
+    def __getitem__(self, key):
+        index, draw = key
+        get = getattr(self.dataset, "get", None)
+        return get(index, caption_draw=draw) if get is not None else self.dataset[index]
+
+
+def _worker_init(worker_id: int) -> None:
+    """Ctrl-C reaches the whole process group; the main process stops at the next step boundary (see
+    interrupt.py) and still needs its workers until then, so they ignore SIGINT (the main process ends them)."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def _collate(items):

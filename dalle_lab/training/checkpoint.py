@@ -178,12 +178,36 @@ def build_model(config: dict, vae=None):
 
 
 def load_model_state(model, state: dict, path="checkpoint") -> None:
-    """Load transformer weights; a VAE attached to `model` is allowed to be missing from `state`."""
+    """Load transformer weights; a VAE attached to `model` is allowed to be missing from `state`. Weights whose
+    shapes disagree with the model the checkpoint's config builds are a one-line CheckpointError, not torch's
+    page of size mismatches."""
+    expected = model.state_dict()
+    for name, tensor in state.items():
+        if name in expected and tuple(tensor.shape) != tuple(expected[name].shape):
+            raise CheckpointError(
+                f"{path}: its config and its weights disagree: weight {name} is {tuple(tensor.shape)} but the config "
+                f"({_config_fields_for(model, tuple(expected[name].shape))}) makes it {tuple(expected[name].shape)}; "
+                f"the file was edited or mixes two models: use the checkpoint train_dalle.py wrote")
     missing, unexpected = model.load_state_dict(state, strict=False)
     missing = [k for k in missing if not k.startswith("vae.")]
     if missing or unexpected:
         raise CheckpointError(f"{path} does not match the model its config describes (missing {missing[:5]}, "
                               f"unexpected {unexpected[:5]}); the file may come from another version of dalle_lab")
+
+
+def _config_fields_for(model, shape: tuple) -> str:
+    """The config fields whose values appear in a weight's shape: the likely culprits of a mismatch."""
+    config = getattr(model, "config", None)
+    if config is None:
+        return "?"
+    import dataclasses
+
+    values = {f.name: getattr(config, f.name) for f in dataclasses.fields(config)}
+    extra = {"total_text_tokens": getattr(config, "total_text_tokens", None),
+             "inner dim (heads * dim_head)": config.heads * config.dim_head}
+    found = [f"{name}={value}" for name, value in {**values, **extra}.items()
+             if isinstance(value, int) and not isinstance(value, bool) and value in shape and value > 1]
+    return ", ".join(found) or "its fields"
 
 
 def load_dalle(path: str | os.PathLike, device="cpu"):

@@ -24,7 +24,8 @@ HELP = {
     "dataset": "built-in data when no --image_text_folder: shapes|emoji (each brings its vocabulary and tokenizer)",
     "image_text_folder": "folder of images + .txt captions (or shard urls with --wds); none: built-in --dataset",
     "wds": "WebDataset image and caption keys, e.g. jpg,txt (shards given by --image_text_folder)",
-    "truncate_captions": "cut captions longer than text_seq_len instead of failing",
+    "truncate_captions": "cut captions longer than text_seq_len instead of failing before step 1",
+    "skip_long_captions": "leave captions longer than text_seq_len out (reported like corrupt images)",
     "num_workers": "data loader workers (folders)",
     "bpe_path": "text vocabulary (.model youtokentome / .json HF tokenizers); none: the --dataset's shipped one",
     "vqgan_model_path": "taming VQGAN .ckpt (with --vqgan_config_path); none: the --dataset's default tokenizer",
@@ -109,6 +110,17 @@ def build_train_parser() -> argparse.ArgumentParser:
     # the deepspeed launcher passes --local_rank to every process; LOCAL_RANK in the environment says the same
     training.add_argument("--local_rank", type=int, default=None, help=argparse.SUPPRESS)
     return parser
+
+
+def given_flags(argv) -> set[str]:
+    """The settings (dest names) a command line gives explicitly, as opposed to taking their defaults."""
+    parser = build_train_parser()
+    for action in parser._actions:
+        action.default = argparse.SUPPRESS
+    given = set(vars(parser.parse_args(argv)))
+    if "distributed_backend" in given:
+        given.add("deepspeed")
+    return given
 
 
 def config_from_args(args: argparse.Namespace) -> tuple[TrainConfig, dict]:

@@ -15,7 +15,8 @@ class TrainConfig:
     dataset: str = "shapes"
     image_text_folder: str | None = None  # a folder of image + .txt pairs, or with `wds` the shard url(s)
     wds: str | None = None  # set (e.g. "jpg,txt", as DALLE-pytorch) to read WebDataset shards from image_text_folder
-    truncate_captions: bool = False
+    truncate_captions: bool = False  # cut captions longer than text_seq_len (else: an error before step 1)
+    skip_long_captions: bool = False  # leave such captions (and images left without one) out, reported
     num_workers: int = 0
 
     # tokenizers

@@ -33,6 +33,27 @@ class RunLogger:
             self.wandb_run = wandb.init(project=wandb_project, name=wandb_name, entity=wandb_entity,
                                         id=wandb_run_id, resume="allow" if wandb_run_id else None, config=config)
 
+    def cut_metrics_back(self, step: int) -> None:
+        """A resumed run starts after `step`: drop the lines a crashed run logged past its last checkpoint, so
+        every step appears once (the file is rewritten atomically)."""
+        import json
+        from pathlib import Path
+
+        if not self.enabled or self.metrics_path is None or not Path(self.metrics_path).is_file():
+            return
+        lines = Path(self.metrics_path).read_text(encoding="utf-8").splitlines(keepends=True)
+        kept = []
+        for line in lines:
+            try:
+                if json.loads(line)["step"] <= step:
+                    kept.append(line if line.endswith("\n") else line + "\n")
+            except (ValueError, KeyError, TypeError):
+                pass  # a line cut short by the crash
+        if kept != lines:
+            from dalle_lab.utils import atomic_write
+
+            atomic_write(self.metrics_path, lambda tmp: Path(tmp).write_text("".join(kept), encoding="utf-8"))
+
     @property
     def wandb_run_id(self) -> str | None:
         return self.wandb_run.id if self.wandb_run is not None else None
@@ -64,7 +85,9 @@ class RunLogger:
             Path(self.metrics_path).parent.mkdir(parents=True, exist_ok=True)
             with open(self.metrics_path, "a", encoding="utf-8") as handle:
                 handle.write(json.dumps({"step": step, **metrics}) + "\n")
-        if self.wandb_run is not None:
+        # A resumed run recomputes, bit for bit, the steps its interrupted predecessor logged after the last
+        # checkpoint; wandb already holds those (it accepts each step once), so they are not sent again.
+        if self.wandb_run is not None and step >= getattr(self.wandb_run, "step", 0):
             self.wandb_run.log(dict(metrics), step=step)
 
     def message(self, text: str) -> None:

@@ -3,12 +3,14 @@
 Per optimizer step: set the learning rate, run ga_steps micro-batches (tokenize captions, encode images with the
 frozen VAE, forward, backward), clip and step; then log, sample a grid and save a checkpoint at their intervals.
 A non-finite loss skips its micro-batch (counted); several in a row stop the run with advice.
-Everything a resume needs (weights, optimizer, schedule, scaler, step, data position, every rank's RNG state,
-the wandb run id) goes into the checkpoint, so k steps + resume + (N - k) steps equals N steps straight.
+Everything a resume needs (weights, optimizer, schedule, scaler, step, data position, the wandb run id) goes into
+the checkpoint, and every random draw is derived from (seed, rank, step, position) (seeding.py), so k steps +
+resume + (N - k) steps equals N steps straight.
 """
 from __future__ import annotations
 
 import math
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,6 +23,8 @@ from .config import TrainConfig
 from .distributed import DistInfo, all_reduce_mean, any_rank, barrier, env_dist_info, gather_objects
 from .precision import resolve_precision
 from .schedule import LRSchedule
+from .resume import changed_settings, check_resume_settings, run_facts
+from .seeding import seed_micro_batch
 
 SAMPLE_GRID_SIZE = 8
 
@@ -50,7 +54,7 @@ def train(cfg: TrainConfig, model_overrides: dict | None = None, *, tokenizer=No
     dist = env_dist_info()
     device = _device(cfg, dist)
 
-    resume_path, resume_ckpt = _resume_checkpoint(cfg)
+    resume_path, resume_ckpt = _resume_checkpoint(cfg, model_overrides or {})
     init_ckpt = resume_ckpt or (ckpt_io.read_checkpoint(cfg.dalle_path) if cfg.dalle_path else None)
     if tokenizer is None:
         tokenizer = (ckpt_io.tokenizer_from_identity(init_ckpt["tokenizer"], cfg.dalle_path or resume_path)
@@ -67,8 +71,6 @@ def train(cfg: TrainConfig, model_overrides: dict | None = None, *, tokenizer=No
     model = ckpt_io.build_model(model_config).to(device)
     if init_ckpt:
         ckpt_io.load_model_state(model, init_ckpt["model"], resume_path or cfg.dalle_path)
-    # per-rank randomness (caption dropout, attention dropout) differs across ranks, as with separate GPUs
-    torch.manual_seed(cfg.seed + 1000 * dist.rank)
 
     from .engine import make_optimizer
 
@@ -77,22 +79,23 @@ def train(cfg: TrainConfig, model_overrides: dict | None = None, *, tokenizer=No
     engine = _engine(cfg, model, optimizer, precision, dist)
     ga_steps, micro_batch = engine.ga_steps, engine.micro_batch_size
 
-    source = _source(cfg, dist, micro_batch, vae.image_size, resume_ckpt["data_position"] if resume_ckpt else None)
+    source = _source(cfg, dist, micro_batch, vae.image_size, resume_ckpt["data_position"] if resume_ckpt else None,
+                     tokenizer, model.config.text_seq_len)
     _check_budget(cfg, source)
     total_steps = _total_steps(cfg, source)
     schedule = LRSchedule(cfg.learning_rate, cfg.warmup_steps, total_steps, cfg.lr_decay, cfg.min_lr_ratio,
                           cfg.plateau_factor, cfg.plateau_patience)
 
+    facts = run_facts(world_size=dist.world_size, micro_batch=micro_batch, ga_steps=ga_steps, schedule=schedule)
     step, nonfinite_total, wandb_run_id = 0, 0, None
     if resume_ckpt:
+        check_resume_settings(resume_ckpt, cfg, model_overrides or {}, facts, resume_path)
         engine.load_training_state(resume_ckpt, resume_path)
         schedule.load_state_dict(resume_ckpt["scheduler"])
         step = int(resume_ckpt["step"])
         nonfinite_total = int(resume_ckpt.get("nonfinite_skipped", 0))
         wandb_run_id = resume_ckpt.get("wandb_run_id")
-        rng_states = resume_ckpt["rng"]
-        if len(rng_states) == dist.world_size:
-            ckpt_io.restore_rng(rng_states[dist.rank])
+        # no RNG state to reload: every draw is re-derived from (seed, rank, step, ...), see seeding.py
 
     from .logging import RunLogger
 
@@ -103,6 +106,7 @@ def train(cfg: TrainConfig, model_overrides: dict | None = None, *, tokenizer=No
     latest_path = output_dir / f"{cfg.dalle_output_file_name}.pt"
     logger.message(_summary(cfg, model, precision, engine, dist, micro_batch, ga_steps, latest_path))
     if resume_ckpt:
+        logger.cut_metrics_back(step)
         logger.message(f"resumed {resume_path} at step {step}")
     sample_captions = _sample_captions(cfg)
     tokens_per_sample = model.config.text_seq_len + model.config.image_seq_len
@@ -110,7 +114,7 @@ def train(cfg: TrainConfig, model_overrides: dict | None = None, *, tokenizer=No
 
     def save(at_step: int) -> Path:
         return _save(engine, dist, cfg, output_dir, latest_path, at_step, model_config, tokenizer, vae, schedule,
-                     source, nonfinite_total, logger.wandb_run_id)
+                     source, nonfinite_total, logger.wandb_run_id, facts)
 
     history: list[dict] = []
     consecutive_nonfinite, last_saved, saved_path = 0, step if resume_ckpt else -1, None
@@ -118,17 +122,26 @@ def train(cfg: TrainConfig, model_overrides: dict | None = None, *, tokenizer=No
     engine.train()
     logger.start(step, cfg.max_steps)
     run_start, steps_this_run = time.monotonic(), 0
+    from .interrupt import StopRequests
+
+    stop_requests = StopRequests(notify=logger.message)
     try:
+        stop_requests.__enter__()
         while True:
             stopped = _budget_exhausted(cfg, step, source, run_start) or (
                 "stop_at_step" if stop_at_step is not None and step >= stop_at_step else None)
+            # every rank takes part, so all of them stop at the same step boundary and save it together
+            if any_rank(stop_requests.requested, device):
+                stopped = "interrupted"
             if stopped:
                 break
             step_start = time.monotonic()
             lr = schedule.apply(engine.lr_optimizer) if engine.lr_optimizer is not None else math.nan
             sums = torch.zeros(3, dtype=torch.float64)
-            done = 0
+            done = attempt = 0
             while done < ga_steps:
+                seed_micro_batch(cfg.seed, dist.rank, step, attempt)  # caption dropout, dropout: see seeding.py
+                attempt += 1
                 captions, images = source.next_batch()
                 text = tokenizer.tokenize(captions, model.config.text_seq_len,
                                           truncate_text=cfg.truncate_captions).to(device)
@@ -170,15 +183,21 @@ def train(cfg: TrainConfig, model_overrides: dict | None = None, *, tokenizer=No
             if cfg.save_every_n_steps and step % cfg.save_every_n_steps == 0:
                 saved_path = save(step)
                 last_saved = step
+        if step != last_saved:
+            saved_path = save(step)
+            last_saved = step
     except KeyboardInterrupt:
-        # one process only: with several, the ranks stop at different points and a collective save could hang
-        if step != last_saved and not dist.distributed:
-            logger.message(f"interrupted: saving step {step} to {latest_path} (resume with --resume)")
-            save(step)
+        # a second Ctrl-C (or one before the handler was set): mid-step state is not a consistent checkpoint,
+        # so nothing is saved; the last checkpoint stays valid
+        logger.message(f"stopped at once; the last checkpoint ({latest_path}, step {last_saved}) is kept"
+                       if last_saved >= 0 else "stopped at once, before any checkpoint was written")
         logger.close()
         raise
-    if step != last_saved:
-        saved_path = save(step)
+    finally:
+        stop_requests.__exit__(None, None, None)
+    if stopped == "interrupted":
+        logger.message(f"interrupted ({stop_requests.signal_name}): step {step} saved to {latest_path}; "
+                       "continue with --resume")
     if cfg.sample_every_n_steps and step % cfg.sample_every_n_steps and steps_this_run:
         _write_samples(engine, dist, vae, tokenizer, sample_captions, output_dir, step, logger)
     logger.message(f"stopped at step {step} ({stopped}); checkpoint: {latest_path}")
@@ -253,14 +272,19 @@ def _model_config(overrides: dict, tokenizer, vae, init_ckpt) -> dict:
     return config
 
 
-def _resume_checkpoint(cfg: TrainConfig):
-    """(path, checkpoint) to continue exactly, or (None, None). --dalle_path of a training checkpoint resumes too."""
-    path = cfg.resume
-    if path == "latest":
-        path = str(Path(cfg.output_dir) / f"{cfg.dalle_output_file_name}.pt")
+def _resume_checkpoint(cfg: TrainConfig, model_overrides: dict):
+    """(path, checkpoint) to continue exactly, or (None, None). --dalle_path of a training checkpoint resumes too,
+    unless the settings differ from its run's: then a new run starts from its weights (--resume would refuse)."""
+    path = resume_path(cfg)
     if path is None and cfg.dalle_path:
         candidate = ckpt_io.read_checkpoint(cfg.dalle_path)
-        return (cfg.dalle_path, candidate) if ckpt_io.is_training_checkpoint(candidate) else (None, None)
+        if not ckpt_io.is_training_checkpoint(candidate):
+            return None, None
+        changed = changed_settings(candidate, cfg, model_overrides, facts=None)
+        if changed and env_dist_info().is_main:
+            print(f"{cfg.dalle_path}: a new run starts from its weights, because these settings differ from its run: "
+                  f"{'; '.join(changed)} (--resume continues it exactly instead)", file=sys.stderr)
+        return (None, None) if changed else (cfg.dalle_path, candidate)
     if path is None:
         return None, None
     ckpt = ckpt_io.read_checkpoint(path)
@@ -268,6 +292,13 @@ def _resume_checkpoint(cfg: TrainConfig):
         raise ckpt_io.CheckpointError(f"{path} holds weights only (no optimizer state, step, ...), so it cannot be "
                                       f"resumed exactly; pass it as --dalle_path to start a new run from it")
     return path, ckpt
+
+
+def resume_path(cfg: TrainConfig) -> str | None:
+    """The checkpoint --resume names (bare --resume: <output_dir>/<name>.pt), or None."""
+    if cfg.resume == "latest":
+        return str(Path(cfg.output_dir) / f"{cfg.dalle_output_file_name}.pt")
+    return cfg.resume
 
 
 def _engine(cfg: TrainConfig, model, optimizer, precision, dist: DistInfo):
@@ -291,7 +322,18 @@ def _builtin(cfg: TrainConfig) -> str:
     return check_builtin(cfg.dataset)
 
 
-def _source(cfg: TrainConfig, dist: DistInfo, batch_size: int, image_size: int, position: dict | None):
+def _source(cfg: TrainConfig, dist: DistInfo, batch_size: int, image_size: int, position: dict | None,
+            tokenizer, text_seq_len: int):
+    """The batches to train on; a folder's or the emoji data's captions are checked against text_seq_len here,
+    before step 1 (shards: as they are read), see captions.py."""
+    from .captions import LongCaptionCheck, check_dataset_captions, long_caption_mode
+
+    mode = long_caption_mode(cfg.truncate_captions, cfg.skip_long_captions)
+
+    def say(message: str) -> None:
+        if dist.is_main:
+            print(message, file=sys.stderr)
+
     if position and position.get("kind") != _source_kind(cfg):
         kinds = {"shapes": "the built-in Shapes stream", "folder": "an image-text folder or the built-in emoji data",
                  "webdataset": "WebDataset shards"}
@@ -305,16 +347,18 @@ def _source(cfg: TrainConfig, dist: DistInfo, batch_size: int, image_size: int, 
         if not cfg.image_text_folder:
             raise ValueError("--wds reads WebDataset shards: give their path(s) or brace pattern as "
                              "--image_text_folder, e.g. --image_text_folder 'shards/data-{000..009}.tar' --wds jpg,txt")
-        return WebDatasetBatches(cfg.image_text_folder, batch_size, image_size, cfg.seed, position, cfg.num_workers)
-    if cfg.image_text_folder:
-        from dalle_lab.data import TextImageFolder
+        return WebDatasetBatches(cfg.image_text_folder, batch_size, image_size, cfg.seed, position, cfg.num_workers,
+                                 long_captions=LongCaptionCheck(tokenizer, text_seq_len, mode))
+    if cfg.image_text_folder or _builtin(cfg) == "emoji":
+        if cfg.image_text_folder:
+            from dalle_lab.data import TextImageFolder
 
-        dataset = TextImageFolder(cfg.image_text_folder, image_size=image_size)
-        return FolderBatches(dataset, batch_size, cfg.seed, dist.rank, dist.world_size, position, cfg.num_workers)
-    if _builtin(cfg) == "emoji":
-        from dalle_lab.data.builtin import builtin_dataset
+            dataset = TextImageFolder(cfg.image_text_folder, image_size=image_size)
+        else:
+            from dalle_lab.data.builtin import builtin_dataset
 
-        dataset = builtin_dataset("emoji", "train", image_size=image_size)
+            dataset = builtin_dataset("emoji", "train", image_size=image_size)
+        dataset = check_dataset_captions(dataset, tokenizer, text_seq_len, mode, say)
         return FolderBatches(dataset, batch_size, cfg.seed, dist.rank, dist.world_size, position, cfg.num_workers)
     return ShapesStream(batch_size, image_size, cfg.seed, dist.rank, dist.world_size, position)
 
@@ -397,7 +441,7 @@ def _write_samples(engine, dist, vae, tokenizer, captions, output_dir: Path, ste
 
 
 def _save(engine, dist, cfg, output_dir, latest_path, step, model_config, tokenizer, vae, schedule, source,
-          nonfinite_total, wandb_run_id) -> Path | None:
+          nonfinite_total, wandb_run_id, facts) -> Path | None:
     """Collective: every rank contributes its RNG state (and DeepSpeed shard); rank 0 writes one file."""
     rng = gather_objects(ckpt_io.capture_rng())
     if engine.kind == "deepspeed":
@@ -409,8 +453,8 @@ def _save(engine, dist, cfg, output_dir, latest_path, step, model_config, tokeni
         checkpoint = ckpt_io.make_checkpoint(
             config=model_config, tokenizer_identity=tokenizer.identity, vae_identity=vae.identity, **parts,
             scheduler=schedule.state_dict(), step=step, epoch=source.epoch, data_position=source.position, rng=rng,
-            train_config=_jsonable(cfg.to_dict()), wandb_run_id=wandb_run_id, nonfinite_skipped=nonfinite_total,
-            engine=engine.kind)
+            train_config=_jsonable(cfg.to_dict()), run=facts, wandb_run_id=wandb_run_id,
+            nonfinite_skipped=nonfinite_total, engine=engine.kind)
         step_path = ckpt_io.step_checkpoint_path(output_dir, cfg.dalle_output_file_name, step)
         ckpt_io.save_checkpoint(checkpoint, step_path)
         _link_latest(step_path, latest_path)
@@ -426,13 +470,17 @@ def _link_latest(step_path: Path, latest_path: Path) -> None:
     import os
     import shutil
 
+    from dalle_lab.utils import fsync_path
+
     tmp = latest_path.with_name(f".{latest_path.name}.tmp")
     tmp.unlink(missing_ok=True)
     try:
         os.link(step_path, tmp)
     except OSError:
         shutil.copyfile(step_path, tmp)
+        fsync_path(tmp)
     os.replace(tmp, latest_path)
+    fsync_path(latest_path.parent)  # durable before rotation may delete the previous step file
 
 
 def _jsonable(value):

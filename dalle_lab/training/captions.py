@@ -1,0 +1,188 @@
+"""Can the model read these captions? Checked before training starts, not on the first batch that holds one.
+
+- Length: a caption with more tokens than text_seq_len is an error naming its file (before step 1), or with
+  `--truncate_captions` cut to fit, or with `--skip_long_captions` left out and reported like a corrupt image.
+- Unknown words: words the vocabulary does not know (they hold unk pieces - characters it cannot spell - or BPE
+  breaks them into single characters, the mark of a word its training captions never used; for the shipped
+  vocabularies, exactly the words their captions never used). They are warned about, never fatal: generation
+  (generate.py, the align CLI) names them per caption, training counts them per caption file.
+"""
+from __future__ import annotations
+
+import logging
+from functools import lru_cache
+
+logger = logging.getLogger(__name__)
+
+LONG_CAPTION_MODES = ("error", "truncate", "skip")
+_WORDS_SHOWN = 8
+
+
+def long_caption_mode(truncate: bool, skip: bool) -> str:
+    if truncate and skip:
+        raise ValueError("--truncate_captions and --skip_long_captions both handle long captions: give one of them")
+    return "truncate" if truncate else "skip" if skip else "error"
+
+
+def too_long_message(where: str, caption: str, tokens: int, text_seq_len: int) -> str:
+    from dalle_lab.tokenizers.base import shorten
+
+    return (f"{where}: caption {shorten(caption)} is {tokens} tokens long but text_seq_len is {text_seq_len}: pass "
+            f"--truncate_captions to cut such captions, --skip_long_captions to leave them out, or a larger "
+            f"--text_seq_len")
+
+
+class LongCaptionCheck:
+    """For streamed data (WebDataset shards, checked as they are read): (caption, where) -> keep it? Raises in
+    mode "error". Picklable, so DataLoader workers get a copy."""
+
+    def __init__(self, tokenizer, text_seq_len: int, mode: str):
+        self.tokenizer, self.text_seq_len, self.mode = tokenizer, text_seq_len, mode
+
+    def __call__(self, caption: str, where: str) -> bool:
+        if self.mode == "truncate":
+            return True
+        tokens = len(self.tokenizer.encode(caption))
+        if tokens <= self.text_seq_len:
+            return True
+        if self.mode == "skip":
+            logger.warning("skipping shard sample %s: caption of %d tokens, text_seq_len is %d", where, tokens,
+                           self.text_seq_len)
+            return False
+        raise ValueError(too_long_message(f"shard sample {where}", caption, tokens, self.text_seq_len))
+
+
+def check_dataset_captions(dataset, tokenizer, text_seq_len: int, mode: str, say=print):
+    """Check every caption of a map-style dataset before training; returns the dataset to train on (long
+    captions left out in mode "skip"). TextImageFolder checks each caption line of each file; a dataset with
+    `captions()` (one per item, e.g. the built-in emoji data) each item's caption. Unknown words are counted per
+    caption file and reported through `say`."""
+    count = _token_counter(tokenizer)
+    if hasattr(dataset, "check_caption_lengths"):  # TextImageFolder: files with caption lines
+        dataset.check_caption_lengths(count, text_seq_len, mode)
+        by_file = dataset.caption_lines_by_file()
+    elif hasattr(dataset, "captions"):
+        captions = dataset.captions()
+        lengths = count(captions)
+        long = [i for i, n in enumerate(lengths) if n > text_seq_len]
+        if long and mode == "error":
+            i = long[0]
+            raise ValueError(too_long_message(f"{type(dataset).__name__} item {i}", captions[i], lengths[i],
+                                              text_seq_len) + (f" ({len(long)} such captions)" if len(long) > 1 else ""))
+        if long and mode == "skip":
+            import torch
+
+            say(f"skipping {len(long)} items whose caption is longer than text_seq_len {text_seq_len}")
+            dataset = torch.utils.data.Subset(dataset, sorted(set(range(len(captions))) - set(long)))
+        by_file = {}
+    else:
+        return dataset
+    if by_file:
+        report = unknown_words_report(tokenizer, by_file)
+        if report:
+            say(report)
+    return dataset
+
+
+def _token_counter(tokenizer):
+    def count(captions: list[str]) -> list[int]:
+        return [len(ids) for ids in tokenizer.encode_batch(captions)]
+
+    return count
+
+
+# ------------------------------------------------------------------------------------------------ unknown words
+
+def known_words_of(tokenizer) -> frozenset[str] | None:
+    """The words a shipped vocabulary's training captions used (None for a user's vocabulary: not known)."""
+    from dalle_lab.data.builtin import BUILTIN_DATASETS
+
+    for name in BUILTIN_DATASETS:
+        try:
+            from dalle_lab.tokenizers.loading import shipped_bpe_path
+
+            if str(shipped_bpe_path(name).resolve()) == str(tokenizer.path):
+                return _builtin_words(name)
+        except (ImportError, OSError, ValueError):  # the emoji captions need optional packages
+            return None
+    return None
+
+
+@lru_cache(maxsize=None)
+def _builtin_words(name: str) -> frozenset[str]:
+    from dalle_lab.data.builtin import builtin_vocabulary_captions
+    from dalle_lab.tokenizers.base import normalize_caption
+
+    return frozenset(word for caption in builtin_vocabulary_captions(name)
+                     for word in normalize_caption(caption).split())
+
+
+def unknown_words(tokenizer, caption: str, known_words=None, _cache=None) -> list[str]:
+    """The words of `caption` the vocabulary does not know, in order, each once."""
+    from dalle_lab.tokenizers.base import UNK_ID, normalize_caption
+
+    cache = {} if _cache is None else _cache
+    found = []
+    for word in dict.fromkeys(normalize_caption(caption).split()):
+        if word not in cache:
+            cache[word] = _is_unknown(tokenizer, word, known_words, UNK_ID)
+        if cache[word]:
+            found.append(word)
+    return found
+
+
+def _is_unknown(tokenizer, word: str, known_words, unk_id: int) -> bool:
+    ids = tokenizer.encode(word)
+    if unk_id in ids or tokenizer.unknown_characters(word):
+        return True
+    if known_words is not None:
+        return word not in known_words
+    # a word the training captions used often enough is one or a few merged pieces; one BPE could only spell
+    # out letter by letter (most pieces a single character) it has in all likelihood never seen
+    letters = [p for p in (tokenizer.decode([i]).strip() for i in ids) if p]
+    return len(word) >= 3 and len(letters) > 1 and 2 * sum(len(p) == 1 for p in letters) > len(letters)
+
+
+def unknown_words_warning(tokenizer, captions: list[str]) -> str | None:
+    """One line naming each caption's unknown words (None when there are none): for generation."""
+    known, cache = known_words_of(tokenizer), {}
+    parts = []
+    for caption in captions:
+        words = unknown_words(tokenizer, caption, known, cache)
+        if words:
+            parts.append(f"{caption!r}: {', '.join(words)}")
+    if not parts:
+        return None
+    return ("warning: the text vocabulary does not know these words (the model never learnt them, so they "
+            f"condition the image little or not at all): {'; '.join(parts)}")
+
+
+def unknown_words_report(tokenizer, lines_by_file: dict[str, list[str]]) -> str | None:
+    """For training data: how many caption files hold each unknown word (None when there are none)."""
+    known, cache = known_words_of(tokenizer), {}
+    files_per_word: dict[str, int] = {}
+    files_with_any = 0
+    for lines in lines_by_file.values():
+        words = set()
+        for line in lines:
+            words.update(unknown_words(tokenizer, line, known, cache))
+        files_with_any += bool(words)
+        for word in words:
+            files_per_word[word] = files_per_word.get(word, 0) + 1
+    if not files_per_word:
+        return None
+    ranked = sorted(files_per_word.items(), key=lambda item: (-item[1], item[0]))
+    shown = ", ".join(f"{word!r} ({n} file{'s' if n > 1 else ''})" for word, n in ranked[:_WORDS_SHOWN])
+    more = f", ... ({len(ranked) - _WORDS_SHOWN} more words)" if len(ranked) > _WORDS_SHOWN else ""
+    return (f"warning: {files_with_any} of {len(lines_by_file)} caption files use words the text vocabulary does "
+            f"not know: {shown}{more}. Training continues; a vocabulary trained on these captions "
+            f"(python -m dalle_lab.tokenizers.train) would read them")
+
+
+def warn_unknown_words(tokenizer, captions: list[str], program: str) -> None:
+    """Print unknown_words_warning to stderr, prefixed by the program's name (nothing when all words are known)."""
+    import sys
+
+    warning = unknown_words_warning(tokenizer, captions)
+    if warning:
+        print(f"{program}: {warning}", file=sys.stderr)

@@ -1,0 +1,112 @@
+"""Interrupting train_dalle.py as a user (or the machine) does: SIGKILL at a random moment after the first
+checkpoint, or Ctrl-C, then --resume. The final weights equal the uninterrupted run's (float32, within 1e-6)."""
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from test_cli import ROOT, script_main, vqgan_flags
+from test_training_resume import assert_same_weights, two_caption_folder
+
+slow = pytest.mark.skipif(os.environ.get("DALLE_LAB_SLOW_TESTS") != "1",
+                          reason="starts a training process (~20 s on 2 busy cores); set DALLE_LAB_SLOW_TESTS=1")
+
+RANDOM_FLAGS = ["--dim", "32", "--depth", "1", "--heads", "2", "--dim_head", "16", "--null_cond_prob", "0.5",
+                "--attn_dropout", "0.2", "--ff_dropout", "0.2", "--warmup_steps", "2", "--sample_every_n_steps", "0",
+                "--log_every_n_steps", "1", "--no-progress", "--no-amp", "--batch_size", "2", "--seed", "7",
+                "--save_every_n_steps", "3"]
+
+
+def start(*args):
+    return subprocess.Popen([sys.executable, str(ROOT / "train_dalle.py"), *map(str, args)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+
+
+def interrupt_after_first_checkpoint(args, out, sig, delay):
+    """Start a run, wait for its first checkpoint, wait `delay` s more, send `sig`; (returncode, stderr)."""
+    process = start(*args)
+    deadline = time.monotonic() + 240
+    while not (out / "dalle.pt").exists() and process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(delay)
+    if process.poll() is None:
+        process.send_signal(sig)
+    _, stderr = process.communicate(timeout=240)
+    return process.returncode, stderr
+
+
+def check_interrupted_run_resumes_exactly(tiny_vqgan, tmp_path, capsys, data_flags, sig, max_steps=16):
+    args = [*vqgan_flags(tiny_vqgan), *RANDOM_FLAGS, *data_flags, "--max_steps", max_steps]
+    assert script_main("train_dalle.py", *args, "--output_dir", tmp_path / "straight") == 0
+    out = tmp_path / "interrupted"
+    delay = random.uniform(0, 0.2)
+    code, stderr = interrupt_after_first_checkpoint([*args, "--output_dir", out], out, sig, delay)
+    stopped_at = torch.load(out / "dalle.pt", weights_only=True)["step"]
+    assert stopped_at < max_steps, f"the run ended before the signal ({delay:.2f} s after its first checkpoint)"
+    if sig == signal.SIGINT:  # a clean stop: exit code 130, the step it stopped at is saved
+        assert code == 130 and f"step {stopped_at} saved" in stderr, stderr[-2000:]
+    else:
+        assert code == -signal.SIGKILL, stderr[-2000:]
+    capsys.readouterr()
+    # the resume runs in this process (a fresh interpreter costs seconds of imports; argv is parsed the same way)
+    assert script_main("train_dalle.py", *args, "--output_dir", out, "--resume") == 0
+    assert f"at step {stopped_at}" in capsys.readouterr().err  # "resumed ... at step k"
+    final = {name: torch.load(path / "dalle.pt", weights_only=True) for name, path in
+             (("straight", tmp_path / "straight"), ("resumed", out))}
+    assert final["straight"]["step"] == final["resumed"]["step"] == max_steps
+    assert_same_weights(final["straight"]["model"], final["resumed"]["model"], atol=1e-6)
+    # the metrics file was cut back to the resumed step: each step once, in order
+    steps = [json.loads(line)["step"] for line in (out / "dalle-metrics.jsonl").read_text().splitlines()]
+    assert steps == list(range(1, max_steps + 1)), (delay, stopped_at)
+
+
+@slow
+def test_sigkill_then_resume_on_shapes(tiny_vqgan, tmp_path, capsys):
+    check_interrupted_run_resumes_exactly(tiny_vqgan, tmp_path, capsys, [], signal.SIGKILL)
+
+
+@slow
+def test_sigkill_then_resume_on_a_folder_with_caption_dropout_two_captions_and_workers(tiny_vqgan, tmp_path,
+                                                                                    capsys):
+    folder = two_caption_folder(tmp_path / "data", n=8)
+    check_interrupted_run_resumes_exactly(tiny_vqgan, tmp_path, capsys,
+                                          ["--image_text_folder", folder, "--num_workers", 2], signal.SIGKILL)
+
+
+@slow
+def test_ctrl_c_stops_at_a_step_boundary_saves_and_resumes(tiny_vqgan, tmp_path, capsys):
+    folder = two_caption_folder(tmp_path / "data", n=8)
+    check_interrupted_run_resumes_exactly(tiny_vqgan, tmp_path, capsys,
+                                          ["--image_text_folder", folder, "--num_workers", 2, "--ga_steps", 2],
+                                          signal.SIGINT)
+
+
+def test_a_stop_request_mid_step_finishes_the_step_and_saves_it(tiny_vqgan, tmp_path, monkeypatch):
+    """In-process: the signal arrives during the second micro-batch of step 2; steps 1-2 run, step 2 is saved."""
+    from dalle_lab.model import DALLE
+    from dalle_lab.training.loop import train
+
+    from test_training import tiny_config
+
+    original, calls = DALLE.forward, {"n": 0}
+
+    def forward(self, *args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 4:  # micro-batch 2 of step 2
+            os.kill(os.getpid(), signal.SIGINT)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(DALLE, "forward", forward)
+    result = train(tiny_config(tiny_vqgan, tmp_path, max_steps=6, ga_steps=2, batch_size=2),
+                   dict(dim=32, depth=1, heads=2, dim_head=16))
+    assert result.stopped_because == "interrupted" and result.step == 2
+    ckpt = torch.load(tmp_path / "dalle.pt", weights_only=True)
+    assert ckpt["step"] == 2 and ckpt["data_position"]["samples"] == 2 * 2 * 2  # both micro-batches counted
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the handler is put back
