@@ -46,11 +46,21 @@ def test_flag_defaults_are_the_config_defaults():
     cfg, overrides = config_from_args(build_train_parser().parse_args([]))
     model_defaults = DALLEConfig()
     for f in dataclasses.fields(DALLEConfig):
-        if f.name in DERIVED_MODEL_FIELDS or f.name == "num_text_tokens":
-            assert f.name not in overrides  # decided by the tokenizer / VAE
+        if f.name in DERIVED_MODEL_FIELDS or f.name in ("num_text_tokens", "text_seq_len"):
+            assert f.name not in overrides  # decided by the tokenizer / VAE / built-in dataset
         else:
             assert overrides[f.name] == getattr(model_defaults, f.name), f.name
     assert cfg == TrainConfig()
+
+
+def test_text_context_is_the_datasets_unless_given():
+    from dalle_lab.training.loop import _dataset_model_defaults
+
+    assert _dataset_model_defaults(TrainConfig()) == {}  # Shapes: DALLEConfig's own default (12)
+    assert _dataset_model_defaults(TrainConfig(dataset="emoji")) == {"text_seq_len": 24}
+    assert _dataset_model_defaults(TrainConfig(dataset="emoji", image_text_folder="data")) == {}
+    _, overrides = config_from_args(build_train_parser().parse_args(["--text_seq_len", "16"]))
+    assert overrides["text_seq_len"] == 16
 
 
 def test_dalle_pytorch_style_flags():

@@ -186,6 +186,7 @@ def test_builtin_emoji_dataset_trains_with_its_vocabulary_and_resumes(tiny_vqgan
     ckpt = torch.load(straight.checkpoint_path, weights_only=True)
     assert ckpt["tokenizer"]["path"] == str(shipped_bpe_path("emoji"))  # emoji names, not the Shapes words
     assert ckpt["config"]["num_text_tokens"] == 1024
+    assert ckpt["config"]["text_seq_len"] == 24  # the emoji names need more than the Shapes default of 12
     assert ckpt["data_position"] == {"kind": "folder", "epoch": 0, "batch": 4}
 
     train(tiny_config(tiny_vqgan, tmp_path / "split", dataset="emoji", max_steps=4), TINY_MODEL, stop_at_step=2)

@@ -93,7 +93,7 @@ def test_generate_names_the_words_the_vocabulary_never_saw(tiny_vqgan, tmp_path,
     result = train(tiny_config(tiny_vqgan, tmp_path / "run", max_steps=1), SHAPES_TINY)
     capsys.readouterr()
     assert script_main("generate.py", "--dalle_path", result.checkpoint_path, "--text",
-                       "a violet hexagon under the moon|a red circle", "--num_images", "1",
+                       "a violet hexagon under the moon|a red circle", "--num_images", "1", "--truncate_captions",
                        "--outputs_dir", tmp_path / "out") == 0
     err = capsys.readouterr().err
     assert "'a violet hexagon under the moon': violet, hexagon, under, moon" in err

@@ -2,6 +2,9 @@
 from __future__ import annotations
 
 BUILTIN_DATASETS = ("shapes", "emoji")
+# DALLEConfig fields a built-in dataset needs other than DALLEConfig's defaults (which are the Shapes main job's):
+# emoji names run to 17 tokens of their vocabulary, Shapes captions to 12
+MODEL_DEFAULTS = {"shapes": {}, "emoji": {"text_seq_len": 24}}
 
 
 def check_builtin(name: str) -> str:

@@ -17,7 +17,8 @@ DERIVED_MODEL_FIELDS = {"num_image_tokens", "image_fmap_size"}
 HELP = {
     "dim": "model width", "depth": "transformer blocks", "heads": "attention heads", "dim_head": "width per head",
     "num_text_tokens": "text vocabulary rows (default: the tokenizer's vocab_size)",
-    "text_seq_len": "text tokens per caption", "loss_img_weight": "loss = (text + w * image) / (w + 1); 1 as CogView",
+    "text_seq_len": "text tokens per caption (default: 12, the longest Shapes caption; 24 with --dataset emoji)",
+    "loss_img_weight": "loss = (text + w * image) / (w + 1); 1 as CogView",
     "stable": "CogView PB-relax against low-precision overflow", "sandwich_norm": "LayerNorm after every branch",
     "attn_dropout": "attention dropout", "ff_dropout": "feed-forward dropout", "ff_mult": "feed-forward width factor",
     "null_cond_prob": "caption dropout probability (classifier-free guidance)",
@@ -95,7 +96,8 @@ def build_train_parser() -> argparse.ArgumentParser:
                     "default image tokenizer and its shipped BPE vocabulary (--dataset emoji: the same for emoji).",
     )
     model = parser.add_argument_group("model (defaults: DALLEConfig)")
-    _add_fields(model, DALLEConfig, DALLEConfig(), skip=DERIVED_MODEL_FIELDS, none_default={"num_text_tokens"})
+    _add_fields(model, DALLEConfig, DALLEConfig(), skip=DERIVED_MODEL_FIELDS,
+                none_default={"num_text_tokens", "text_seq_len"})
     training = parser.add_argument_group("training (defaults: TrainConfig)")
     special = {"resume", "lr_decay", "sample_captions", "deepspeed"}
     _add_fields(training, TrainConfig, TrainConfig(), skip=special)
@@ -130,8 +132,9 @@ def config_from_args(args: argparse.Namespace) -> tuple[TrainConfig, dict]:
     values = vars(args).copy()
     model_names = {f.name for f in dataclasses.fields(DALLEConfig)} - DERIVED_MODEL_FIELDS
     overrides = {name: values.pop(name) for name in model_names if name in values}
-    if overrides.get("num_text_tokens") is None:
-        overrides.pop("num_text_tokens", None)
+    for name in ("num_text_tokens", "text_seq_len"):  # left out: the tokenizer's / the dataset's choice
+        if overrides.get(name) is None:
+            overrides.pop(name, None)
     values.pop("local_rank", None)
     backend = values.pop("distributed_backend", None)
     values["deepspeed"] = bool(values.get("deepspeed")) or backend == "deepspeed"

@@ -67,7 +67,7 @@ def train(cfg: TrainConfig, model_overrides: dict | None = None, *, tokenizer=No
         ckpt_io.check_identities(init_ckpt, tokenizer.identity, vae.identity, resume_path or cfg.dalle_path)
 
     torch.manual_seed(cfg.seed)  # the same initial weights on every rank
-    model_config = _model_config(model_overrides or {}, tokenizer, vae, init_ckpt)
+    model_config = _model_config(model_overrides or {}, tokenizer, vae, init_ckpt, _dataset_model_defaults(cfg))
     model = ckpt_io.build_model(model_config).to(device)
     if init_ckpt:
         ckpt_io.load_model_state(model, init_ckpt["model"], resume_path or cfg.dalle_path)
@@ -253,14 +253,21 @@ def _vae(cfg: TrainConfig):
     return default_vae(dataset=_builtin(cfg))
 
 
-def _model_config(overrides: dict, tokenizer, vae, init_ckpt) -> dict:
+def _dataset_model_defaults(cfg: TrainConfig) -> dict:
+    """Model fields the built-in dataset brings (e.g. emoji's longer text context); none for the user's data."""
+    from dalle_lab.data.builtin import MODEL_DEFAULTS
+
+    return {} if cfg.image_text_folder else dict(MODEL_DEFAULTS[_builtin(cfg)])
+
+
+def _model_config(overrides: dict, tokenizer, vae, init_ckpt, dataset_defaults: dict) -> dict:
     from dalle_lab.model import DALLEConfig
     from dalle_lab.tokenizers import check_vocab_fits
 
     if init_ckpt:
         config = dict(init_ckpt["config"])  # a continued run keeps the model it was trained as
     else:
-        fields = dict(overrides)
+        fields = {**dataset_defaults, **overrides}
         fields.setdefault("num_text_tokens", tokenizer.vocab_size)
         fields["num_image_tokens"], fields["image_fmap_size"] = vae.num_tokens, vae.fmap_size
         config = DALLEConfig(**fields).to_dict()
