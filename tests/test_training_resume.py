@@ -171,3 +171,39 @@ def test_a_bare_resume_continues_with_the_saved_flags_and_given_flags_must_match
     assert script_main("train_dalle.py", "--output_dir", out, "--resume", "--ga_steps", "2", "--depth", "2") == 1
     err = capsys.readouterr().err
     assert "--ga_steps 2 (saved: 1)" in err and "--depth 2 (saved: 1)" in err and err.count("\n") == 1
+
+
+# ---------------------------------------------------------------------------------------------- DDP accumulation
+
+def test_ddp_all_reduces_gradients_once_per_optimizer_step(tiny_vqgan, tmp_path, monkeypatch):
+    """The loop under DDP (a one-process gloo group stands in for many): no_sync must hold each non-final
+    micro-batch's forward and backward, so 3 micro-batches a step cost one gradient all-reduce, not three."""
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    from dalle_lab.training import loop
+    from dalle_lab.training.distributed import DistInfo
+
+    reductions = []
+    original_init = DistributedDataParallel.__init__
+
+    def counting_init(self, *args, **kwargs):
+        original_init(self, *args, **kwargs)
+
+        def hook(state, bucket):
+            reductions.append(bucket.index())
+            return torch.distributed.algorithms.ddp_comm_hooks.default_hooks.allreduce_hook(None, bucket)
+
+        self.register_comm_hook(None, hook)
+
+    import torch.distributed.algorithms.ddp_comm_hooks.default_hooks  # noqa: F401
+
+    monkeypatch.setattr(DistributedDataParallel, "__init__", counting_init)
+    monkeypatch.setattr(loop, "env_dist_info", lambda: DistInfo(rank=0, world_size=2, local_rank=0))
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        train(tiny_config(tiny_vqgan, tmp_path, max_steps=2, ga_steps=3, batch_size=1, amp=False), TINY)
+    finally:
+        dist.destroy_process_group()
+    buckets = len(set(reductions))
+    assert buckets >= 1 and len(reductions) == 2 * buckets  # one reduction of each bucket per optimizer step
