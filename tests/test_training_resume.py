@@ -207,3 +207,59 @@ def test_ddp_all_reduces_gradients_once_per_optimizer_step(tiny_vqgan, tmp_path,
         dist.destroy_process_group()
     buckets = len(set(reductions))
     assert buckets >= 1 and len(reductions) == 2 * buckets  # one reduction of each bucket per optimizer step
+
+
+# ---------------------------------------------------------------------------------------------- WebDataset shards
+
+def two_caption_shards(path, n=8, per_shard=2):
+    """Shards of `per_shard` samples, each with two caption lines; returns the brace pattern."""
+    import io
+
+    import webdataset as wds
+    from PIL import Image
+
+    from dalle_lab.data.shapes import ShapesDataset
+    from dalle_lab.viz.grid import to_uint8
+
+    path.mkdir(parents=True)
+    shapes = ShapesDataset(length=2 * n, seed=6)
+    with wds.ShardWriter(str(path / "shard-%03d.tar"), maxcount=per_shard, verbose=0) as sink:
+        for i in range(n):
+            buffer = io.BytesIO()
+            Image.fromarray(to_uint8(shapes[i][0][None])[0]).save(buffer, "png")
+            sink.write({"__key__": f"s{i:03d}", "png": buffer.getvalue(),
+                        "txt": f"{shapes[i][1]}\n{shapes[n + i][1]}".encode()})
+    return str(path / f"shard-{{000..{n // per_shard - 1:03d}}}.tar")
+
+
+def test_shard_and_sample_shuffles_are_seeded_by_seed_and_epoch_and_split_across_ranks(tmp_path):
+    from dalle_lab.data.wds import webdataset_dataset
+
+    pattern = two_caption_shards(tmp_path / "shards", n=12, per_shard=2)
+
+    def order(seed, epoch, rank=0, world_size=1):
+        return [caption for _, caption in webdataset_dataset(pattern, image_size=8, shuffle=4, seed=seed,
+                                                              epoch=epoch, rank=rank, world_size=world_size)]
+
+    first = order(1, 0)
+    assert order(1, 0) == first and len(first) == 12
+    assert order(1, 1) != first and order(2, 0) != first
+    ranks = [order(1, 0, rank, 2) for rank in (0, 1)]
+    keys = [{caption for caption in captions} for captions in ranks]
+    assert not keys[0] & keys[1] and len(ranks[0]) + len(ranks[1]) == 12
+
+
+def test_resume_is_exact_on_shards_with_caption_dropout(tiny_vqgan, tmp_path):
+    pattern = two_caption_shards(tmp_path / "shards")
+
+    def cfg(out, **kw):
+        return tiny_config(tiny_vqgan, out, image_text_folder=pattern, wds="png,txt", batch_size=2, max_steps=7,
+                           amp=False, **kw)
+
+    straight = train(cfg(tmp_path / "straight"), RANDOM_MODEL)
+    resumed = split_run(lambda **kw: cfg(tmp_path / "split", **kw), stop_at=5)  # epoch 1, batch 1 of 4
+    assert [h["loss"] for h in resumed.history] == pytest.approx([h["loss"] for h in straight.history[5:]],
+                                                                 abs=1e-6)
+    assert_same_weights(final_weights(straight), final_weights(resumed))
+    epochs = [torch.load(r.checkpoint_path, weights_only=True)["data_position"] for r in (straight, resumed)]
+    assert epochs[0] == epochs[1] == {"kind": "webdataset", "epoch": 1, "batch": 3}

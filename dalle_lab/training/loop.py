@@ -140,9 +140,11 @@ def train(cfg: TrainConfig, model_overrides: dict | None = None, *, tokenizer=No
             sums = torch.zeros(3, dtype=torch.float64)
             done = attempt = 0
             while done < ga_steps:
-                seed_micro_batch(cfg.seed, dist.rank, step, attempt)  # caption dropout, dropout: see seeding.py
-                attempt += 1
                 captions, images = source.next_batch()
+                # after the batch is fetched (starting a loader may draw from the global RNG): caption dropout and
+                # dropout depend only on (seed, rank, step, attempt), see seeding.py
+                seed_micro_batch(cfg.seed, dist.rank, step, attempt)
+                attempt += 1
                 text = tokenizer.tokenize(captions, model.config.text_seq_len,
                                           truncate_text=cfg.truncate_captions).to(device)
                 with torch.no_grad():
@@ -352,7 +354,7 @@ def _source(cfg: TrainConfig, dist: DistInfo, batch_size: int, image_size: int, 
             raise ValueError("--wds reads WebDataset shards: give their path(s) or brace pattern as "
                              "--image_text_folder, e.g. --image_text_folder 'shards/data-{000..009}.tar' --wds jpg,txt")
         return WebDatasetBatches(cfg.image_text_folder, batch_size, image_size, cfg.seed, position, cfg.num_workers,
-                                 long_captions=LongCaptionCheck(tokenizer, text_seq_len, mode))
+                                 long_captions=LongCaptionCheck(tokenizer, text_seq_len, mode), rank=dist.rank)
     if cfg.image_text_folder or _builtin(cfg) == "emoji":
         if cfg.image_text_folder:
             from dalle_lab.data import TextImageFolder
