@@ -100,3 +100,16 @@ def test_zero3_shards_are_consolidated_into_full_weights(tiny_vqgan, tmp_path):
     dalle, _, _ = load_dalle(result.checkpoint_path)  # strict load: every weight present, full shape, float32
     assert all(t.dtype == torch.float32 and t.numel() > 0 for t in ckpt["model"].values())
     assert set(ckpt["model"]) == set(dalle.state_dict())
+
+
+def test_the_lr_horizon_counts_the_deepspeed_configs_accumulation(tiny_vqgan, tmp_path):
+    from test_training_resume import two_caption_folder
+
+    folder = two_caption_folder(tmp_path / "data", n=6)
+    path = tmp_path / "ds.json"
+    path.write_text(json.dumps({"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 2}))
+    result = train(ds_config(tiny_vqgan, tmp_path / "run", deepspeed_config=str(path), image_text_folder=str(folder),
+                             max_steps=None, epochs=1, warmup_steps=1), TINY_MODEL)
+    ckpt = torch.load(result.checkpoint_path, weights_only=True)
+    # 6 micro-batches an epoch, 2 per optimizer step (the config's, not --ga_steps 1): the cosine ends at step 3
+    assert result.step == 3 and ckpt["run"]["lr_total_steps"] == 3 and ckpt["run"]["ga_steps"] == 2

@@ -171,3 +171,95 @@ def test_a_bare_resume_continues_with_the_saved_flags_and_given_flags_must_match
     assert script_main("train_dalle.py", "--output_dir", out, "--resume", "--ga_steps", "2", "--depth", "2") == 1
     err = capsys.readouterr().err
     assert "--ga_steps 2 (saved: 1)" in err and "--depth 2 (saved: 1)" in err and err.count("\n") == 1
+
+
+# ---------------------------------------------------------------------------------------------- DDP accumulation
+
+def test_ddp_all_reduces_gradients_once_per_optimizer_step(tiny_vqgan, tmp_path, monkeypatch):
+    """The loop under DDP (a one-process gloo group stands in for many): no_sync must hold each non-final
+    micro-batch's forward and backward, so 3 micro-batches a step cost one gradient all-reduce, not three."""
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    from dalle_lab.training import loop
+    from dalle_lab.training.distributed import DistInfo
+
+    reductions = []
+    original_init = DistributedDataParallel.__init__
+
+    def counting_init(self, *args, **kwargs):
+        original_init(self, *args, **kwargs)
+
+        def hook(state, bucket):
+            reductions.append(bucket.index())
+            return torch.distributed.algorithms.ddp_comm_hooks.default_hooks.allreduce_hook(None, bucket)
+
+        self.register_comm_hook(None, hook)
+
+    import torch.distributed.algorithms.ddp_comm_hooks.default_hooks  # noqa: F401
+
+    monkeypatch.setattr(DistributedDataParallel, "__init__", counting_init)
+    monkeypatch.setattr(loop, "env_dist_info", lambda: DistInfo(rank=0, world_size=2, local_rank=0))
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        train(tiny_config(tiny_vqgan, tmp_path, max_steps=2, ga_steps=3, batch_size=1, amp=False), TINY)
+    finally:
+        dist.destroy_process_group()
+    buckets = len(set(reductions))
+    assert buckets >= 1 and len(reductions) == 2 * buckets  # one reduction of each bucket per optimizer step
+
+
+# ---------------------------------------------------------------------------------------------- WebDataset shards
+
+def two_caption_shards(path, n=8, per_shard=2):
+    """Shards of `per_shard` samples, each with two caption lines; returns the brace pattern."""
+    import io
+
+    import webdataset as wds
+    from PIL import Image
+
+    from dalle_lab.data.shapes import ShapesDataset
+    from dalle_lab.viz.grid import to_uint8
+
+    path.mkdir(parents=True)
+    shapes = ShapesDataset(length=2 * n, seed=6)
+    with wds.ShardWriter(str(path / "shard-%03d.tar"), maxcount=per_shard, verbose=0) as sink:
+        for i in range(n):
+            buffer = io.BytesIO()
+            Image.fromarray(to_uint8(shapes[i][0][None])[0]).save(buffer, "png")
+            sink.write({"__key__": f"s{i:03d}", "png": buffer.getvalue(),
+                        "txt": f"{shapes[i][1]}\n{shapes[n + i][1]}".encode()})
+    return str(path / f"shard-{{000..{n // per_shard - 1:03d}}}.tar")
+
+
+def test_shard_and_sample_shuffles_are_seeded_by_seed_and_epoch_and_split_across_ranks(tmp_path):
+    from dalle_lab.data.wds import webdataset_dataset
+
+    pattern = two_caption_shards(tmp_path / "shards", n=12, per_shard=2)
+
+    def order(seed, epoch, rank=0, world_size=1):
+        return [caption for _, caption in webdataset_dataset(pattern, image_size=8, shuffle=4, seed=seed,
+                                                              epoch=epoch, rank=rank, world_size=world_size)]
+
+    first = order(1, 0)
+    assert order(1, 0) == first and len(first) == 12
+    assert order(1, 1) != first and order(2, 0) != first
+    ranks = [order(1, 0, rank, 2) for rank in (0, 1)]
+    keys = [{caption for caption in captions} for captions in ranks]
+    assert not keys[0] & keys[1] and len(ranks[0]) + len(ranks[1]) == 12
+
+
+def test_resume_is_exact_on_shards_with_caption_dropout(tiny_vqgan, tmp_path):
+    pattern = two_caption_shards(tmp_path / "shards")
+
+    def cfg(out, **kw):
+        return tiny_config(tiny_vqgan, out, image_text_folder=pattern, wds="png,txt", batch_size=2, max_steps=7,
+                           amp=False, **kw)
+
+    straight = train(cfg(tmp_path / "straight"), RANDOM_MODEL)
+    resumed = split_run(lambda **kw: cfg(tmp_path / "split", **kw), stop_at=5)  # epoch 1, batch 1 of 4
+    assert [h["loss"] for h in resumed.history] == pytest.approx([h["loss"] for h in straight.history[5:]],
+                                                                 abs=1e-6)
+    assert_same_weights(final_weights(straight), final_weights(resumed))
+    epochs = [torch.load(r.checkpoint_path, weights_only=True)["data_position"] for r in (straight, resumed)]
+    assert epochs[0] == epochs[1] == {"kind": "webdataset", "epoch": 1, "batch": 3}

@@ -152,7 +152,8 @@ def webdataset_dataset(urls, image_size: int = 32, tokenizer=None, text_seq_len:
                                    long_captions=long_captions))
 
 
-def webdataset_loader(urls, batch_size: int, num_workers: int = 0, worker_init_fn=None, **dataset_kwargs):
+def webdataset_loader(urls, batch_size: int, num_workers: int = 0, worker_init_fn=None, generator=None,
+                      **dataset_kwargs):
     """A DataLoader of batches from tar shards (see `webdataset_dataset` for the other arguments).
 
     Batches are stacked tensors plus a list of captions (or two tensors with a tokenizer). The loader ends after
@@ -169,4 +170,4 @@ def webdataset_loader(urls, batch_size: int, num_workers: int = 0, worker_init_f
 
     dataset = webdataset_dataset(urls, **dataset_kwargs)
     return DataLoader(dataset, batch_size=batch_size, num_workers=num_workers, collate_fn=collate,
-                      worker_init_fn=worker_init_fn)
+                      worker_init_fn=worker_init_fn, generator=generator)

@@ -102,9 +102,9 @@ class WebDatasetBatches:
     already consumed (shards stream; there is no random access), so the position is the batch count."""
 
     def __init__(self, urls, batch_size: int, image_size: int, seed: int = 0, position: dict | None = None,
-                 num_workers: int = 0, long_captions=None):
+                 num_workers: int = 0, long_captions=None, rank: int = 0):
         self.make_loader = lambda epoch: _webdataset_loader(urls, batch_size, image_size, seed, epoch, num_workers,
-                                                            long_captions)
+                                                            long_captions, rank)
         self.epoch = int(position["epoch"]) if position else 0
         self.batches = int(position["batch"]) if position else 0
         self._iterator = None
@@ -133,13 +133,15 @@ class WebDatasetBatches:
 WDS_SHUFFLE_BUFFER = 1000
 
 
-def _webdataset_loader(urls, batch_size, image_size, seed, epoch, num_workers, long_captions):
+def _webdataset_loader(urls, batch_size, image_size, seed, epoch, num_workers, long_captions, rank):
     from dalle_lab.data import webdataset_loader
 
-    # the loader finds the image (jpg/png/...) and txt members itself and splits shards across ranks and workers
+    # the loader finds the image (jpg/png/...) and txt members itself and splits shards across ranks and workers;
+    # its generator (worker seeds) comes from (seed, rank, epoch), never from the global RNG
     return webdataset_loader(urls, batch_size=batch_size, num_workers=num_workers, image_size=image_size, seed=seed,
                              epoch=epoch, shuffle=WDS_SHUFFLE_BUFFER, long_captions=long_captions,
-                             worker_init_fn=_worker_init if num_workers else None)
+                             worker_init_fn=_worker_init if num_workers else None,
+                             generator=torch.Generator().manual_seed(derive_seed("loader", seed, rank, epoch)))
 
 
 class _DrawnCaptions(torch.utils.data.Dataset):

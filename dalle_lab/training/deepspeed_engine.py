@@ -129,6 +129,12 @@ class DeepSpeedEngine:
     def forward(self, text, image_tokens):
         return self.engine(text, image_tokens, return_loss=True)
 
+    def micro_batch(self, last_micro: bool):
+        """DeepSpeed counts micro-batches and reduces at its own accumulation boundary."""
+        import contextlib
+
+        return contextlib.nullcontext()
+
     def backward(self, loss, last_micro: bool) -> None:
         # DeepSpeed divides by its accumulation steps itself and steps the optimizer on the boundary micro-batch
         self.engine.backward(loss)

@@ -54,12 +54,15 @@ class PlainEngine:
         with self.precision.autocast():
             return self.model(text, image_tokens, return_loss=True)
 
+    def micro_batch(self, last_micro: bool):
+        """Context for one micro-batch's forward AND backward: DDP all-reduces gradients only on the last one.
+        (no_sync must hold the forward too: DDP decides in the forward whether the coming backward reduces.)"""
+        return contextlib.nullcontext() if (last_micro or not self._ddp) else self.model.no_sync()
+
     def backward(self, loss, last_micro: bool) -> None:
-        """Accumulate gradients of one micro-batch; DDP synchronises only on the last one."""
-        sync = contextlib.nullcontext() if (last_micro or not self._ddp) else self.model.no_sync()
+        """Accumulate gradients of one micro-batch (inside `micro_batch(last_micro)`)."""
         loss = loss / self.ga_steps
-        with sync:
-            (self.scaler.scale(loss) if self.scaler else loss).backward()
+        (self.scaler.scale(loss) if self.scaler else loss).backward()
 
     def optimizer_step(self) -> tuple[float, bool]:
         """Clip and step. Returns (grad norm before clipping, whether the step was applied)."""

@@ -82,7 +82,7 @@ def train(cfg: TrainConfig, model_overrides: dict | None = None, *, tokenizer=No
     source = _source(cfg, dist, micro_batch, vae.image_size, resume_ckpt["data_position"] if resume_ckpt else None,
                      tokenizer, model.config.text_seq_len)
     _check_budget(cfg, source)
-    total_steps = _total_steps(cfg, source)
+    total_steps = _total_steps(cfg, source, ga_steps)
     schedule = LRSchedule(cfg.learning_rate, cfg.warmup_steps, total_steps, cfg.lr_decay, cfg.min_lr_ratio,
                           cfg.plateau_factor, cfg.plateau_patience)
 
@@ -140,15 +140,22 @@ def train(cfg: TrainConfig, model_overrides: dict | None = None, *, tokenizer=No
             sums = torch.zeros(3, dtype=torch.float64)
             done = attempt = 0
             while done < ga_steps:
-                seed_micro_batch(cfg.seed, dist.rank, step, attempt)  # caption dropout, dropout: see seeding.py
-                attempt += 1
                 captions, images = source.next_batch()
+                # after the batch is fetched (starting a loader may draw from the global RNG): caption dropout and
+                # dropout depend only on (seed, rank, step, attempt), see seeding.py
+                seed_micro_batch(cfg.seed, dist.rank, step, attempt)
+                attempt += 1
                 text = tokenizer.tokenize(captions, model.config.text_seq_len,
                                           truncate_text=cfg.truncate_captions).to(device)
                 with torch.no_grad():
                     image_tokens = vae.get_codebook_indices(images.to(device))
-                out = engine.forward(text, image_tokens)
-                if any_rank(not bool(torch.isfinite(out.loss.detach()).all()), device):
+                last_micro = done + 1 == ga_steps
+                with engine.micro_batch(last_micro):  # DDP: no gradient all-reduce before the last micro-batch
+                    out = engine.forward(text, image_tokens)
+                    finite = not any_rank(not bool(torch.isfinite(out.loss.detach()).all()), device)
+                    if finite:
+                        engine.backward(out.loss, last_micro)
+                if not finite:
                     nonfinite_total += 1
                     consecutive_nonfinite += 1
                     if consecutive_nonfinite >= cfg.max_nonfinite:
@@ -162,7 +169,6 @@ def train(cfg: TrainConfig, model_overrides: dict | None = None, *, tokenizer=No
                     continue
                 consecutive_nonfinite = 0
                 done += 1
-                engine.backward(out.loss, last_micro=done == ga_steps)
                 sums += torch.tensor([out.loss.item(), out.loss_text.item(), out.loss_img.item()], dtype=torch.float64)
             grad_norm, applied = engine.optimizer_step()
             loss, loss_text, loss_img = all_reduce_mean((sums / ga_steps).tolist(), device)
@@ -355,7 +361,7 @@ def _source(cfg: TrainConfig, dist: DistInfo, batch_size: int, image_size: int, 
             raise ValueError("--wds reads WebDataset shards: give their path(s) or brace pattern as "
                              "--image_text_folder, e.g. --image_text_folder 'shards/data-{000..009}.tar' --wds jpg,txt")
         return WebDatasetBatches(cfg.image_text_folder, batch_size, image_size, cfg.seed, position, cfg.num_workers,
-                                 long_captions=LongCaptionCheck(tokenizer, text_seq_len, mode))
+                                 long_captions=LongCaptionCheck(tokenizer, text_seq_len, mode), rank=dist.rank)
     if cfg.image_text_folder or _builtin(cfg) == "emoji":
         if cfg.image_text_folder:
             from dalle_lab.data import TextImageFolder
@@ -377,13 +383,13 @@ def _source_kind(cfg: TrainConfig) -> str:
     return "folder" if cfg.image_text_folder or cfg.dataset != "shapes" else "shapes"
 
 
-def _total_steps(cfg: TrainConfig, source) -> int | None:
+def _total_steps(cfg: TrainConfig, source, ga_steps: int) -> int | None:
     """The LR decay horizon: max_steps, else epochs x steps per epoch when known (else: no decay)."""
     if cfg.max_steps:
         return cfg.max_steps
     per_epoch = getattr(source, "batches_per_epoch", None)
     if cfg.epochs and per_epoch:
-        return cfg.epochs * per_epoch // max(1, cfg.ga_steps)
+        return cfg.epochs * per_epoch // max(1, ga_steps)  # the engine's: a DeepSpeed config may set its own
     return None
 
 
