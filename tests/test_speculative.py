@@ -175,3 +175,16 @@ def test_one_draft_accept_or_resample_samples_p_empirically():
     counts = torch.bincount(out, minlength=4).double()
     statistic = float(((counts - n * p) ** 2 / (n * p)).sum())
     assert chi2.sf(statistic, df=3) > CHI2_P_THRESHOLD
+
+
+def test_inverse_cdf_draw_follows_the_probabilities_and_never_draws_a_zero():
+    from dalle_lab.sampling import draw
+
+    p = torch.tensor([0.0, 0.3, 0.0, 0.45, 0.25, 0.0])  # unnormalised rows are fine too: scale by 2
+    n = 30000
+    out = draw((2 * p).expand(n, -1), torch.Generator().manual_seed(0))
+    counts = torch.bincount(out, minlength=6).double()
+    assert counts[p == 0].sum() == 0
+    keep = p > 0
+    statistic = float(((counts[keep] - n * p[keep]) ** 2 / (n * p[keep])).sum())
+    assert chi2.sf(statistic, df=2) > CHI2_P_THRESHOLD

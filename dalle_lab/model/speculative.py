@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import torch
 
+from ..sampling import draw
 from .decoding import Decoder, Sampling
 
 DEFAULT_WINDOW = 8
@@ -58,12 +59,6 @@ def residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     return torch.where(total > 0, r / total.clamp_min(torch.finfo(r.dtype).tiny), p)
 
 
-def _draw(probs: torch.Tensor, generator) -> torch.Tensor:
-    """One token per distribution in probs (..., V) -> (...)."""
-    flat = probs.reshape(-1, probs.shape[-1])
-    return torch.multinomial(flat, 1, generator=generator).view(probs.shape[:-1])
-
-
 def speculative_decode(model, text_ids: torch.Tensor, tokens: torch.Tensor, logprobs: torch.Tensor, n_init: int,
                        sampling: Sampling, generator: torch.Generator | None = None,
                        window: int = DEFAULT_WINDOW) -> int:
@@ -79,11 +74,11 @@ def speculative_decode(model, text_ids: torch.Tensor, tokens: torch.Tensor, logp
     out[:, :n_init] = tokens[:, :n_init]
 
     lp = dec.log_probs(dec.prefill(tokens[:, :n_init]))  # exact distribution of position n_init
-    out[:, n_init] = _draw(lp.exp(), generator)
+    out[:, n_init] = draw(lp.exp(), generator)
     out_lp[:, n_init] = lp.gather(-1, out[:, n_init:n_init + 1]).squeeze(-1)
     committed = torch.full((B,), n_init + 1, dtype=torch.long, device=device)
     q = lp.exp().unsqueeze(1).expand(B, W, lp.shape[-1])  # first proposals: the one distribution known
-    drafts = _draw(q, generator)
+    drafts = draw(q, generator)
     rows = torch.arange(B, device=device)
     offsets = torch.arange(W + 1, device=device)
 
@@ -102,7 +97,7 @@ def speculative_decode(model, text_ids: torch.Tensor, tokens: torch.Tensor, logp
         p_stop = p[rows, n_acc]
         q_stop = q[rows, n_acc.clamp(max=W - 1)]
         stop_dist = torch.where((n_acc < W).unsqueeze(-1), residual(p_stop, q_stop), p_stop)
-        new = _draw(stop_dist, generator)
+        new = draw(stop_dist, generator)
 
         commit = torch.cat([drafts, new.unsqueeze(1)], dim=1)
         commit[rows, n_acc] = new  # window slot k holds the token committed at position c + k, for k <= n_acc
@@ -117,7 +112,7 @@ def speculative_decode(model, text_ids: torch.Tensor, tokens: torch.Tensor, logp
         # n_acc + 1 + i), and the last one computed for positions past the window.
         slot = (n_acc.unsqueeze(1) + 1 + offsets[:W]).clamp(max=W)
         q = p.gather(1, slot.unsqueeze(-1).expand(B, W, p.shape[-1]))
-        drafts = _draw(q, generator)
+        drafts = draw(q, generator)
 
     tokens[:, n_init:] = out[:, n_init:N]
     logprobs[:, n_init:] = out_lp[:, n_init:N]
