@@ -17,6 +17,7 @@ from typing import Callable, NamedTuple
 import torch
 
 from ..sampling import sample_from_log_probs, sampling_distribution
+from .linear import packed_linears
 
 
 class Sampling(NamedTuple):
@@ -99,12 +100,18 @@ class Decoder:
 
 def plain_decode(model, text_ids: torch.Tensor, tokens: torch.Tensor, logprobs: torch.Tensor, n_init: int,
                  sampling: Sampling, generator: torch.Generator | None = None, use_cache: bool = True,
-                 static: bool = False,
+                 static: bool = False, prepack: bool = True,
                  logits_callback: Callable[[int, torch.Tensor, torch.Tensor | None], None] | None = None) -> int:
     """One token per transformer pass, in order; fills tokens / logprobs (B, N) from n_init on. Returns the pass
-    count. Without the cache every pass reruns the whole prefix (the reference the cached path is tested against)."""
-    N = tokens.shape[1]
+    count. Without the cache every pass reruns the whole prefix (the reference the cached path is tested against).
+    prepack: multiply with weights packed once for the step's rows (linear.py)."""
     dec = Decoder(model, text_ids, sampling, static=static)
+    with packed_linears(model, rows=dec.batch * dec.repeat, enabled=prepack and use_cache):
+        return _plain_loop(model, dec, tokens, logprobs, n_init, generator, use_cache, logits_callback)
+
+
+def _plain_loop(model, dec, tokens, logprobs, n_init, generator, use_cache, logits_callback) -> int:
+    N = tokens.shape[1]
     logits = dec.prefill(tokens[:, :n_init]) if use_cache else None
     rows = torch.arange(tokens.shape[0], device=tokens.device)
     for i in range(n_init, N):

@@ -28,6 +28,7 @@ import torch
 
 from ..sampling import draw
 from .decoding import Decoder, Sampling
+from .linear import packed_linears
 
 DEFAULT_WINDOW = 8
 
@@ -61,13 +62,19 @@ def residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
 
 def speculative_decode(model, text_ids: torch.Tensor, tokens: torch.Tensor, logprobs: torch.Tensor, n_init: int,
                        sampling: Sampling, generator: torch.Generator | None = None,
-                       window: int = DEFAULT_WINDOW) -> int:
-    """Fill tokens / logprobs (B, N) from n_init on, W = window drafts per row and pass. Returns the pass count."""
+                       window: int = DEFAULT_WINDOW, prepack: bool = True) -> int:
+    """Fill tokens / logprobs (B, N) from n_init on, W = window drafts per row and pass. Returns the pass count.
+    prepack: multiply with weights packed once for the window's rows (linear.py)."""
     if window < 1:
         raise ValueError(f"speculative window must be >= 1, got {window}")
+    dec = Decoder(model, text_ids, sampling, static=True, extra_len=2 * window + 2)
+    with packed_linears(model, rows=dec.batch * dec.repeat * (window + 1), enabled=prepack):
+        return _speculative_loop(dec, tokens, logprobs, n_init, generator, window)
+
+
+def _speculative_loop(dec, tokens, logprobs, n_init, generator, window) -> int:
     B, N = tokens.shape
     W, device = window, tokens.device
-    dec = Decoder(model, text_ids, sampling, static=True, extra_len=2 * W + 2)
     # Committed tokens and their log-probs, with room for a window that runs past the last grid position.
     out = torch.zeros(B, N + 2 * W + 2, dtype=tokens.dtype, device=device)
     out_lp = torch.zeros(B, N + 2 * W + 2, dtype=logprobs.dtype, device=device)
