@@ -86,3 +86,24 @@ def test_packed_float32_linear_matches_f_linear_and_falls_back_for_other_row_cou
         assert layer.packed.fp32 is not None  # the packed kernel ran (a bias-free layer gets a zero bias)
         x7 = torch.randn(7, 64)
         assert torch.equal(layer(x7), F.linear(x7, layer.weight))
+
+
+def test_graph_step_arithmetic_gives_the_plain_cached_tokens():
+    """The CUDA-graph path (fixed shapes, all cache slots, warm-up writes into slack slots) on the CPU, uncaptured:
+    same tokens as the plain cached path, plain and speculative."""
+    model = opinionated_dalle()
+    reference, _ = decode(model, TEXT, prepack=False)
+    graphed, _ = decode(model, TEXT, prepack=False, graphs=True)
+    assert torch.equal(graphed, reference)
+    g = dict(return_tokens=True, speculative=True, speculative_window=3, cond_scale=2.0, top_k=6)
+    a = model.generate_images(TEXT, generator=torch.Generator().manual_seed(0), **g)
+    b = model.generate_images(TEXT, generator=torch.Generator().manual_seed(0), cuda_graph=True, **g)
+    assert torch.equal(a, b)
+
+
+def test_graphed_step_refuses_a_growing_cache():
+    from dalle_lab.model.graphs import GraphedStep
+
+    model = opinionated_dalle()
+    with pytest.raises(ValueError, match="needs Decoder\\(static=True\\)"):
+        GraphedStep(Decoder(model, model._text_ids(TEXT), Sampling()), 1)

@@ -253,7 +253,7 @@ class DALLE(nn.Module):
                         img: torch.Tensor | None = None, num_init_img_tokens: int | None = None,
                         use_cache: bool = True, return_tokens: bool = False, return_logprobs: bool = False,
                         generator: torch.Generator | None = None, speculative: bool | None = None,
-                        speculative_window: int = DEFAULT_WINDOW,
+                        speculative_window: int = DEFAULT_WINDOW, cuda_graph: bool = False,
                         logits_callback: Callable[[int, torch.Tensor, torch.Tensor | None], None] | None = None):
         """Sample image tokens for each caption in text (B, text_seq_len) and decode them with the vae.
 
@@ -267,7 +267,8 @@ class DALLE(nn.Module):
         speculative: lossless speculative Jacobi decoding (dalle_lab/model/speculative.py): the same distribution of
         images from fewer transformer passes, speculative_window drafts per pass; None (default) picks the faster
         exact path (see speculative_by_default); the tokens then differ from plain decoding's for the same seed,
-        their distribution does not.
+        their distribution does not. cuda_graph: replay each decode pass as a CUDA graph over a static KV cache
+        (dalle_lab/model/graphs.py; on the CPU the same fixed-shape arithmetic, uncaptured).
 
         Returns images (B, 3, H, W) in [0, 1]; with return_tokens the (B, image_seq_len) token ids instead (no vae
         needed); with return_logprobs a pair (images or tokens, logprobs (B, image_seq_len) float32) where logprobs
@@ -307,10 +308,10 @@ class DALLE(nn.Module):
         try:
             if speculative:
                 speculative_decode(self, self._text_ids(text), tokens, logprobs, n_init, sampling, generator,
-                                   window=speculative_window)
+                                   window=speculative_window, graphs=cuda_graph)
             else:
                 plain_decode(self, self._text_ids(text), tokens, logprobs, n_init, sampling, generator,
-                             use_cache=use_cache, logits_callback=logits_callback)
+                             use_cache=use_cache, graphs=cuda_graph, logits_callback=logits_callback)
         finally:
             self.train(was_training)
 

@@ -100,19 +100,28 @@ class Decoder:
 
 def plain_decode(model, text_ids: torch.Tensor, tokens: torch.Tensor, logprobs: torch.Tensor, n_init: int,
                  sampling: Sampling, generator: torch.Generator | None = None, use_cache: bool = True,
-                 static: bool = False, prepack: bool = True,
+                 static: bool = False, prepack: bool = True, graphs: bool = False,
                  logits_callback: Callable[[int, torch.Tensor, torch.Tensor | None], None] | None = None) -> int:
     """One token per transformer pass, in order; fills tokens / logprobs (B, N) from n_init on. Returns the pass
     count. Without the cache every pass reruns the whole prefix (the reference the cached path is tested against).
-    prepack: multiply with weights packed once for the step's rows (linear.py)."""
-    dec = Decoder(model, text_ids, sampling, static=static)
+    prepack: multiply with weights packed once for the step's rows (linear.py). graphs: replay the step as a CUDA
+    graph over a static cache (graphs.py; on the CPU the same fixed-shape step, uncaptured). Off by default until it
+    has been measured on a GPU (benchmarks/perf/run.py --device cuda).
+    """
+    graphs = use_cache and graphs
+    dec = Decoder(model, text_ids, sampling, static=static or graphs, extra_len=1 if graphs else 0)
     with packed_linears(model, rows=dec.batch * dec.repeat, enabled=prepack and use_cache):
-        return _plain_loop(model, dec, tokens, logprobs, n_init, generator, use_cache, logits_callback)
+        return _plain_loop(model, dec, tokens, logprobs, n_init, generator, use_cache, logits_callback, graphs)
 
 
-def _plain_loop(model, dec, tokens, logprobs, n_init, generator, use_cache, logits_callback) -> int:
+def _plain_loop(model, dec, tokens, logprobs, n_init, generator, use_cache, logits_callback, graphs) -> int:
     N = tokens.shape[1]
+    graphed = None
     logits = dec.prefill(tokens[:, :n_init]) if use_cache else None
+    if graphs:
+        from .graphs import GraphedStep  # graphs.py builds on this module
+
+        graphed = GraphedStep(dec, 1)
     rows = torch.arange(tokens.shape[0], device=tokens.device)
     for i in range(n_init, N):
         if not use_cache:
@@ -121,7 +130,10 @@ def _plain_loop(model, dec, tokens, logprobs, n_init, generator, use_cache, logi
             logits = dec._logits(h[:, -1])
         elif i > n_init:  # feed the token sampled last step, at grid index i - 1
             index = torch.full_like(rows, i - 1).unsqueeze(1)
-            logits = dec.step(tokens[:, i - 1:i], index, kv_len=dec.T + i + 1, at=i - 1)[:, 0]
+            if graphed is not None:
+                logits = graphed(tokens[:, i - 1:i], index)[:, 0]
+            else:
+                logits = dec.step(tokens[:, i - 1:i], index, kv_len=dec.T + i + 1, at=i - 1)[:, 0]
         if logits_callback is not None:
             logits_callback(i, *dec.split(logits))
         tokens[:, i], logprobs[:, i] = sample_from_log_probs(dec.log_probs(logits), generator)

@@ -28,6 +28,7 @@ import torch
 
 from ..sampling import draw
 from .decoding import Decoder, Sampling
+from .graphs import GraphedStep
 from .linear import packed_linears
 
 DEFAULT_WINDOW = 8
@@ -62,17 +63,18 @@ def residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
 
 def speculative_decode(model, text_ids: torch.Tensor, tokens: torch.Tensor, logprobs: torch.Tensor, n_init: int,
                        sampling: Sampling, generator: torch.Generator | None = None,
-                       window: int = DEFAULT_WINDOW, prepack: bool = True) -> int:
+                       window: int = DEFAULT_WINDOW, prepack: bool = True, graphs: bool = False) -> int:
     """Fill tokens / logprobs (B, N) from n_init on, W = window drafts per row and pass. Returns the pass count.
-    prepack: multiply with weights packed once for the window's rows (linear.py)."""
+    prepack: multiply with weights packed once for the window's rows (linear.py); graphs: replay the window pass
+    as a CUDA graph (graphs.py)."""
     if window < 1:
         raise ValueError(f"speculative window must be >= 1, got {window}")
     dec = Decoder(model, text_ids, sampling, static=True, extra_len=2 * window + 2)
     with packed_linears(model, rows=dec.batch * dec.repeat * (window + 1), enabled=prepack):
-        return _speculative_loop(dec, tokens, logprobs, n_init, generator, window)
+        return _speculative_loop(dec, tokens, logprobs, n_init, generator, window, graphs)
 
 
-def _speculative_loop(dec, tokens, logprobs, n_init, generator, window) -> int:
+def _speculative_loop(dec, tokens, logprobs, n_init, generator, window, graphs) -> int:
     B, N = tokens.shape
     W, device = window, tokens.device
     # Committed tokens and their log-probs, with room for a window that runs past the last grid position.
@@ -86,6 +88,7 @@ def _speculative_loop(dec, tokens, logprobs, n_init, generator, window) -> int:
     committed = torch.full((B,), n_init + 1, dtype=torch.long, device=device)
     q = lp.exp().unsqueeze(1).expand(B, W, lp.shape[-1])  # first proposals: the one distribution known
     drafts = draw(q, generator)
+    step = GraphedStep(dec, W + 1) if graphs else dec.step
     rows = torch.arange(B, device=device)
     offsets = torch.arange(W + 1, device=device)
 
@@ -93,7 +96,7 @@ def _speculative_loop(dec, tokens, logprobs, n_init, generator, window) -> int:
         active = committed < N
         last = out.gather(1, (committed - 1).unsqueeze(1))
         index = (committed - 1).unsqueeze(1) + offsets  # grid indices of the fed tokens
-        lp = dec.log_probs(dec.step(torch.cat([last, drafts], dim=1), index))  # (B, W + 1, V): positions c..c+W
+        lp = dec.log_probs(step(torch.cat([last, drafts], dim=1), index))  # (B, W + 1, V): positions c..c+W
         p = lp.exp()
         p_draft = p[:, :W].gather(-1, drafts.unsqueeze(-1)).squeeze(-1)
         q_draft = q.gather(-1, drafts.unsqueeze(-1)).squeeze(-1)
