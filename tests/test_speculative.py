@@ -188,3 +188,32 @@ def test_inverse_cdf_draw_follows_the_probabilities_and_never_draws_a_zero():
     keep = p > 0
     statistic = float(((counts[keep] - n * p[keep]) ** 2 / (n * p[keep])).sum())
     assert chi2.sf(statistic, df=2) > CHI2_P_THRESHOLD
+
+
+def test_generate_py_speculative_flag_picks_the_decoder(tiny_vqgan, tmp_path, monkeypatch):
+    import importlib.util
+    from pathlib import Path
+
+    import dalle_lab.model.dalle as dalle_module
+
+    root = Path(__file__).resolve().parents[1]
+
+    def script_main(script, *args):
+        spec = importlib.util.spec_from_file_location(script.replace(".py", "_script"), root / script)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module.main([str(a) for a in args])
+
+    out = tmp_path / "run"
+    assert script_main("train_dalle.py", "--vqgan_model_path", tiny_vqgan[0], "--vqgan_config_path", tiny_vqgan[1],
+                       "--dim", "32", "--depth", "1", "--heads", "2", "--dim_head", "16", "--max_steps", "1",
+                       "--batch_size", "2", "--sample_every_n_steps", "0", "--no-progress", "--output_dir", out) == 0
+    used = []
+    real = dalle_module.speculative_decode
+    monkeypatch.setattr(dalle_module, "speculative_decode", lambda *a, **k: used.append(1) or real(*a, **k))
+    for flag, expected in (("--speculative", 1), ("--no-speculative", 0)):
+        used.clear()
+        assert script_main("generate.py", "--dalle_path", out / "dalle.pt", "--text", "a red circle",
+                           "--num_images", "2", "--outputs_dir", tmp_path / flag, flag) == 0
+        assert len(used) == expected, flag
+        assert (tmp_path / flag / "a_red_circle" / "1.png").is_file()

@@ -53,6 +53,8 @@ class DALLE(nn.Module):
     model to a device moves it too, dtype changes (.half(), .bfloat16()) leave it alone.
     """
 
+    speculative_default: bool | None = None  # generate_images' `speculative` when not given (None: automatic)
+
     def __init__(self, *, vae=None, config: DALLEConfig | None = None, **fields):
         super().__init__()
         if config is not None and fields:
@@ -266,7 +268,7 @@ class DALLE(nn.Module):
         logits_callback(position, logits_cond, logits_uncond_or_None) is called before each token is sampled.
         speculative: lossless speculative Jacobi decoding (dalle_lab/model/speculative.py): the same distribution of
         images from fewer transformer passes, speculative_window drafts per pass; None (default) picks the faster
-        exact path (see speculative_by_default); the tokens then differ from plain decoding's for the same seed,
+        exact path (the model's `speculative_default` attribute when set, else speculative_by_default); the tokens then differ from plain decoding's for the same seed,
         their distribution does not. cuda_graph: replay each decode pass as a CUDA graph over a static KV cache
         (dalle_lab/model/graphs.py; on the CPU the same fixed-shape arithmetic, uncaptured).
 
@@ -298,6 +300,8 @@ class DALLE(nn.Module):
         logprobs = torch.zeros(batch, N, dtype=torch.float32, device=text.device)
 
         sampling = Sampling(cond_scale, temperature, k, top_p)
+        if speculative is None:
+            speculative = self.speculative_default
         if speculative is None:
             speculative = use_cache and logits_callback is None and speculative_by_default(self, batch)
         if speculative and (not use_cache or logits_callback is not None):
