@@ -6,6 +6,7 @@ import torch.nn.functional as F
 
 from dalle_lab.model import DALLE
 from dalle_lab.model.decoding import Decoder, Sampling, plain_decode
+from dalle_lab.model import linear
 from dalle_lab.model.linear import Linear, packed_linears, packing_available
 
 TINY = dict(dim=32, depth=2, heads=2, dim_head=16, num_text_tokens=50, text_seq_len=5, num_image_tokens=24,
@@ -38,7 +39,8 @@ TEXT = torch.tensor([[3, 9, 4, 0, 0], [7, 1, 0, 0, 0], [2, 2, 2, 2, 2]])
 @pytest.mark.parametrize("sampling", [Sampling(temperature=0.9, top_k=8), Sampling(cond_scale=3.0, top_p=0.9)])
 @pytest.mark.parametrize("variant", [dict(prepack=True), dict(static=True, prepack=False),
                                      dict(static=True, prepack=True)])
-def test_fast_paths_give_the_plain_cached_tokens_in_float32(sampling, variant):
+def test_fast_paths_give_the_plain_cached_tokens_in_float32(sampling, variant, monkeypatch):
+    monkeypatch.setattr(linear, "PACK_FLOAT32", True)  # exercise float32 packing whatever its default
     model = opinionated_dalle()
     reference, ref_lp = decode(model, TEXT, sampling=sampling, prepack=False)
     tokens, lp = decode(model, TEXT, sampling=sampling, **variant)
@@ -77,7 +79,8 @@ def test_packed_bfloat16_linear_is_bit_identical_to_f_linear():
 
 
 @needs_packing
-def test_packed_float32_linear_matches_f_linear_and_falls_back_for_other_row_counts():
+def test_packed_float32_linear_matches_f_linear_and_falls_back_for_other_row_counts(monkeypatch):
+    monkeypatch.setattr(linear, "PACK_FLOAT32", True)
     torch.manual_seed(0)
     layer = Linear(64, 96, bias=False)
     with torch.no_grad(), packed_linears(layer, rows=4):

@@ -3,13 +3,15 @@
 During cached generation every layer multiplies only a handful of rows (batch size, or batch x window for
 speculative decoding) by its weight, and the CPU GEMM behind F.linear reorders the whole weight into its blocked
 layout on every call. Packing each weight once per generation (`packed_linears`) removes that work:
-- float32: MKL's packed GEMM (the weight packed for the step's row count; other row counts use F.linear);
+- float32: MKL's packed GEMM (the weight packed for the step's row count; other row counts use F.linear), only
+  when PACK_FLOAT32 is set (off: not shown to pay, see below);
 - bfloat16 (under CPU autocast, or a bf16 model): oneDNN's prepacked linear, which runs on AMX / avx512_bf16 where
   the CPU has them, and gives bit-identical results to F.linear in bfloat16 (it is the same kernel, minus the
   reorder; autocast's per-call float32 -> bfloat16 weight copy goes away too).
-Measured on this project's Xeon (1 thread, the 16 products of a reference-config decode step, weights out of
-cache): float32 4 rows 2.06 ms -> 1.02 ms; bfloat16 4 rows 1.82 -> 1.02 ms, 20 rows 1.83 -> 0.96 ms
-(see docs/performance.md). The transposed product W @ x^T this class used before measured 3.26 ms there and is gone.
+What each kernel costs is in docs/performance.md (benchmarks/perf/decode_levers.py): bf16 prepacked is the clear
+gain (the 16 products of a reference step at 4 rows 2.39 -> 1.42 ms, at 20 rows 3.00 -> 1.82 ms); float32
+packing is worth little or nothing under heavy load (2.52 -> 2.69 ms at load 19). The transposed product
+W @ x^T this class used before was slowest on this Xeon (3.86 ms) and is gone.
 Same parameters and state_dict keys as nn.Linear, so it is a drop-in replacement; packing never changes them.
 """
 from __future__ import annotations
@@ -19,6 +21,11 @@ from contextlib import contextmanager
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+# Whether float32 products use MKL's packed GEMM inside packed_linears (bfloat16 always uses oneDNN's prepacked
+# weights). Off: at the load it was measured under it did not pay (docs/performance.md); re-measure on an idle
+# machine with benchmarks/perf/decode_levers.py --levers products step and turn it on if it does.
+PACK_FLOAT32 = False
 
 
 class PackedWeight:
@@ -40,7 +47,7 @@ class PackedWeight:
                              None if b is None else b.detach().to(torch.bfloat16))
             return torch.ops.mkldnn._linear_pointwise(x, self.bf16[0], self.bf16[1], "none", [], "")
         rows = x.numel() // x.shape[-1]
-        if x.dtype == torch.float32 and w.dtype == torch.float32 and rows == self.rows:
+        if PACK_FLOAT32 and x.dtype == torch.float32 and w.dtype == torch.float32 and rows == self.rows:
             if self.fp32 is None:
                 self.fp32 = (torch.ops.mkl._mkl_reorder_linear_weight(w.detach(), self.rows),
                              w.new_zeros(w.shape[0]) if b is None else b.detach())
