@@ -33,6 +33,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="auto", help="auto|cpu|cuda (default: auto)")
     p.add_argument("--truncate_captions", action="store_true",
                    help="cut captions longer than the model's text_seq_len instead of failing")
+    p.add_argument("--speculative", action=argparse.BooleanOptionalAction, default=None,
+                   help="lossless speculative decoding: the same image distribution from fewer transformer passes "
+                        "(default: wherever it was measured faster, see docs/performance.md)")
     p.add_argument("--attention_maps", action="store_true",
                    help="also save attention maps: where each image cell looked in the caption "
                         "(<outputs_dir>/<caption>/attention/)")
@@ -62,6 +65,7 @@ def main(argv=None) -> int:
         device = pick_device(args.device)
         dalle, tokenizer, vae = load_dalle(args.dalle_path, device)
         warn_unknown_words(tokenizer, captions, "generate.py")  # named, then generated all the same
+        dalle.speculative_default = args.speculative  # every generate_images call below follows it
         with torch.inference_mode():
             records = generate_to_folder(dalle, vae, tokenizer, captions, args.outputs_dir, args.num_images,
                                          args.batch_size, settings, args.seed, checkpoint=str(args.dalle_path),

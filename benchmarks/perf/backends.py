@@ -81,8 +81,11 @@ def build_ours(config: dict | None) -> Bench:
     def loss(text, image_tokens):
         return model(text, image_tokens, return_loss=True).loss
 
-    def generate(text, use_cache, filter_thres):
-        return model.generate_images(text, filter_thres=filter_thres, use_cache=use_cache, return_tokens=True)
+    def generate(text, use_cache, filter_thres, decode="plain"):
+        # decode: "plain" (one token per pass: the path target 1 measures), "speculative" (lossless speculative
+        # Jacobi decoding), "graph" / "speculative-graph" (the same, each pass replayed as a CUDA graph)
+        return model.generate_images(text, filter_thres=filter_thres, use_cache=use_cache, return_tokens=True,
+                                     speculative=decode.startswith("speculative"), cuda_graph=decode.endswith("graph"))
 
     bench.loss, bench.generate = loss, generate
     bench.effective_k = lambda thres: _ours_effective_k(bench, thres)
@@ -151,7 +154,9 @@ def build_peer(config: dict, variant: str = "class-default") -> Bench:
     def loss(text, image_tokens):
         return model(text, image_tokens, return_loss=True)
 
-    def generate(text, use_cache, filter_thres):
+    def generate(text, use_cache, filter_thres, decode="plain"):
+        if decode != "plain":
+            raise ValueError(f"dalle-pytorch 1.6.6 has no {decode!r} decoding")
         return model.generate_images(text, filter_thres=filter_thres, use_cache=use_cache)
 
     def effective_k(filter_thres):

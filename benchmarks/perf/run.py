@@ -3,7 +3,8 @@
     .venv/bin/python benchmarks/perf/run.py              # full run (about 15-25 minutes on 2 busy cores)
     .venv/bin/python benchmarks/perf/run.py --quick      # before submitting a model/sampler change (< 2 minutes)
     .venv/bin/python benchmarks/perf/run.py --no-peer    # ours only
-    ... --json results.json                              # also keep every raw measurement
+    .venv/bin/python benchmarks/perf/run.py --device cuda  # ours on a GPU: plain, CUDA-graph and speculative decoding
+    ... --json results.json                              # where every raw measurement goes (default: see --json)
 
 Every measurement runs in its own fresh process (worker.py), so its peak resident memory is its own, with torch held
 to --threads threads. Measurements that are compared run in rounds, ours then the peer's, round after round
@@ -42,6 +43,18 @@ def _config_args(config) -> list:
     return ["--config", json.dumps(config)]
 
 
+def plan_cuda(quick: bool) -> list[list[Job]]:
+    """On a GPU: ours only (the peer's environment is CPU-only), each decode path at batch 4 and 64."""
+    ref = _config_args(REFERENCE)
+    groups = []
+    for batch in (4,) if quick else (4, 64):
+        groups.append([Job(f"generate/reference/{decode}/b{batch}", "ours",
+                           ["--task", "generate", *ref, "--use-cache", "1", "--batch", str(batch), "--reps", "2",
+                            "--decode", decode, "--device", "cuda"])
+                       for decode in ("plain", "graph", "speculative", "speculative-graph")])
+    return groups
+
+
 def plan(quick: bool, peer: bool, default_config: dict) -> list[list[Job]]:
     """Groups of jobs; the jobs of a group run in rounds, in order, so that ours and the peer's alternate."""
     ref, dflt = _config_args(REFERENCE), _config_args(default_config)
@@ -51,17 +64,19 @@ def plan(quick: bool, peer: bool, default_config: dict) -> list[list[Job]]:
         return [Job(f"train/{cfg_name}/{dtype}", i, ["--task", "train", *cfg, "--dtype", dtype,
                                                      "--steps", str(steps), "--warmup", str(warmup)]) for i in who]
 
-    def gen(cfg_name, cfg, cache, reps, who=impls, batch=4):
-        return [Job(f"generate/{cfg_name}/{'cached' if cache else 'uncached'}", i,
+    def gen(cfg_name, cfg, cache, reps, who=impls, batch=4, decode="plain"):
+        name = ("cached" if cache else "uncached") + ("" if batch == 4 else f"/b{batch}")
+        name += "" if decode == "plain" else f"/{decode}"
+        return [Job(f"generate/{cfg_name}/{name}", i,
                     ["--task", "generate", *cfg, "--use-cache", str(int(cache)), "--batch", str(batch),
-                     "--reps", str(reps)]) for i in who]
+                     "--reps", str(reps), "--decode", decode]) for i in who]
 
     ceiling = [[Job("matmul", "ours", ["--task", "matmul", "--reps", "3" if quick else "10"])]]
     if quick:
         return ceiling + [
             # bf16's target is against the peer's fp32, so the peer's own bf16 run is left to the full mode
             train("reference", ref, "fp32", 3, 1) + train("reference", ref, "bf16", 3, 1, who=["ours"]),
-            gen("reference", ref, True, 1),
+            gen("reference", ref, True, 1) + gen("reference", ref, True, 1, who=["ours"], decode="speculative"),
         ]
 
     plain = ["peer-plain"] if peer else []
@@ -72,7 +87,8 @@ def plan(quick: bool, peer: bool, default_config: dict) -> list[list[Job]]:
     return ceiling + [
         train("reference", ref, "fp32", 6, 2) + train("reference", ref, "fp32", 6, 2, who=plain)
         + train("reference", ref, "bf16", 6, 2),
-        gen("reference", ref, True, 2),
+        gen("reference", ref, True, 2) + gen("reference", ref, True, 2, who=["ours"], decode="speculative"),
+        gen("reference", ref, True, 1, batch=64),
         gen("reference", ref, False, 1),
         grids[8] + grids[32],
         train("default", dflt, "fp32", 4, 1) + train("default", dflt, "bf16", 4, 1),
@@ -83,13 +99,21 @@ def plan(quick: bool, peer: bool, default_config: dict) -> list[list[Job]]:
 def rounds_for(group: list[Job], quick: bool) -> int:
     if quick or group[0].key == "matmul":
         return 1
-    if group[0].key.startswith(("train/default", "generate/default", "generate/grid", "generate/reference/uncached")):
+    if group[0].key.startswith(("train/default", "generate/default", "generate/grid", "generate/reference/uncached",
+                                "generate/reference/cached/b64")):
         return 2
     return 3
 
 
 def loadavg() -> float:
     return float(Path("/proc/loadavg").read_text().split()[0])
+
+
+def git_commit() -> str:
+    proc = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=HERE)
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True,
+                           cwd=HERE).stdout.strip()
+    return proc.stdout.strip() + (" (with uncommitted changes)" if dirty else "")
 
 
 def run_job(job: Job, pythons: dict, threads: int, wait_policy: str) -> dict:
@@ -138,13 +162,19 @@ def main(argv=None) -> int:
                    help="OpenMP threads sleep (passive) or spin (active) at barriers. Default passive: on cores "
                         "shared with other jobs, spinning threads fight them and a 2-thread generation measured "
                         "5-20x slower and 4x noisier; on a quiet machine try --omp-wait-policy default")
-    p.add_argument("--json", type=Path, help="write every raw measurement here")
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                   help="cuda: ours only, plain / CUDA-graph / speculative decoding on the GPU")
+    p.add_argument("--json", type=Path,
+                   help="where to write the results file (command, commit, load, every raw measurement); default "
+                        "benchmarks/perf/results/run-<mode>-<UTC time>.json")
     args = p.parse_args(argv)
 
     from dalle_lab.model import DALLEConfig  # ours is installed in the environment run.py runs under
 
     default_config = asdict(DALLEConfig())
     pythons = {"ours": Path(sys.executable)}
+    if args.device == "cuda":
+        args.peer = False
     if args.peer:
         from peer_env import ensure_peer_venv
 
@@ -153,7 +183,7 @@ def main(argv=None) -> int:
     start = time.time()
     load_start = loadavg()
     jobs = []
-    groups = plan(args.quick, args.peer, default_config)
+    groups = plan_cuda(args.quick) if args.device == "cuda" else plan(args.quick, args.peer, default_config)
     total = sum(len(g) * rounds_for(g, args.quick) for g in groups)
     for group in groups:
         for rnd in range(rounds_for(group, args.quick)):
@@ -164,14 +194,17 @@ def main(argv=None) -> int:
                 job.result = run_job(job, pythons, args.threads, args.omp_wait_policy)
                 print(headline(job.result), f"[load {job.result['loadavg']:.1f}]", flush=True)
 
-    meta = dict(quick=args.quick, threads=args.threads, omp_wait_policy=args.omp_wait_policy,
+    meta = dict(command=" ".join([sys.executable, *sys.argv]), commit=git_commit(), device=args.device,
+                quick=args.quick, threads=args.threads, omp_wait_policy=args.omp_wait_policy,
                 started=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(start)),
                 minutes=(time.time() - start) / 60, loadavg_start=load_start, loadavg_end=loadavg(),
                 cpus=os.cpu_count(), reference=REFERENCE, default_config=default_config)
     print_report(jobs, meta)
-    if args.json:
-        args.json.write_text(json.dumps(dict(meta=meta, jobs=[asdict(j) for j in jobs]), indent=1))
-        print(f"raw measurements: {args.json}")
+    out = args.json or HERE / "results" / (f"run-{'quick' if args.quick else 'full'}-{args.device}-"
+                                           f"{time.strftime('%Y%m%d-%H%M', time.gmtime(start))}.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(dict(meta=meta, jobs=[asdict(j) for j in jobs]), indent=1))
+    print(f"results file: {out}")
     return 1 if any("error" in j.result for j in jobs) else 0
 
 

@@ -46,13 +46,20 @@ def measure_matmul(n: int, reps: int) -> dict:
     return out
 
 
-def random_batch(bench, batch: int, seed: int = 0):
+def random_batch(bench, batch: int, seed: int = 0, device: str = "cpu"):
     import torch
 
     g = torch.Generator().manual_seed(seed)
     text = torch.randint(1, bench.num_text_tokens, (batch, bench.text_seq_len), generator=g)  # no padding
     image = torch.randint(0, bench.num_image_tokens, (batch, bench.image_seq_len), generator=g)
-    return text, image
+    return text.to(device), image.to(device)
+
+
+def synchronize(device: str) -> None:
+    import torch
+
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
 
 
 def autocast(dtype: str):
@@ -97,11 +104,12 @@ def measure_train(bench, batch: int, dtype: str, warmup: int, steps: int) -> dic
                 rss_after_warmup_mb=rss_warm)
 
 
-def measure_generate(bench, batch: int, use_cache: bool, filter_thres: float, reps: int) -> dict:
+def measure_generate(bench, batch: int, use_cache: bool, filter_thres: float, reps: int, decode: str = "plain",
+                     device: str = "cpu") -> dict:
     import torch
 
-    model = bench.model
-    text, image = random_batch(bench, batch)
+    model = bench.model.to(device)
+    text, image = random_batch(bench, batch, device=device)
     with torch.no_grad():  # warm-up: one full-length forward primes the kernels without paying a whole generation
         model.eval()
         bench.loss(text, image)
@@ -119,8 +127,11 @@ def measure_generate(bench, batch: int, use_cache: bool, filter_thres: float, re
     times, cpu_times = [], []
     for rep in range(reps):
         torch.manual_seed(rep)
+        synchronize(device)
         t0, c0 = time.perf_counter(), time.process_time()
-        out = bench.generate(text, use_cache=use_cache, filter_thres=filter_thres)
+        out = (bench.generate(text, use_cache=use_cache, filter_thres=filter_thres) if decode == "plain" else
+               bench.generate(text, use_cache=use_cache, filter_thres=filter_thres, decode=decode))
+        synchronize(device)
         times.append(time.perf_counter() - t0)
         cpu_times.append(time.process_time() - c0)
     if hook is not None:
@@ -128,7 +139,8 @@ def measure_generate(bench, batch: int, use_cache: bool, filter_thres: float, re
     tokens = out[1] if isinstance(out, tuple) else out
     assert tokens.shape[-1] >= bench.image_seq_len, f"generation returned {tuple(tokens.shape)}"
     seconds = statistics.median(times)
-    result = dict(s_per_batch=seconds, times=times, cpu_s_per_batch=statistics.median(cpu_times),
+    result = dict(s_per_batch=seconds, times=times, decode=decode, device=device,
+                  transformer_calls=len(lengths) // max(reps, 1), cpu_s_per_batch=statistics.median(cpu_times),
                   cpu_times=cpu_times, batch=batch, image_seq_len=bench.image_seq_len,
                   images_per_s=batch / seconds, ms_per_token_step=1000 * seconds / bench.image_seq_len,
                   image_tokens_per_s=batch * bench.image_seq_len / seconds, s_per_image=seconds / batch)
@@ -158,6 +170,9 @@ def main(argv=None) -> None:
     p.add_argument("--use-cache", type=int, default=1)
     p.add_argument("--filter-thres", type=float, default=0.9)
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--decode", default="plain", choices=["plain", "speculative", "graph", "speculative-graph"],
+                   help="generate: ours only for anything but plain")
+    p.add_argument("--device", default="cpu", help="generate: cpu or cuda")
     p.add_argument("--matmul-n", type=int, default=2048)
     args = p.parse_args(argv)
 
@@ -182,7 +197,8 @@ def main(argv=None) -> None:
                           **measure_train(bench, args.batch, args.dtype, args.warmup, args.steps))
         else:
             result.update(use_cache=bool(args.use_cache),
-                          **measure_generate(bench, args.batch, bool(args.use_cache), args.filter_thres, args.reps))
+                          **measure_generate(bench, args.batch, bool(args.use_cache), args.filter_thres, args.reps,
+                                             args.decode, args.device))
     result["peak_rss_mb"] = peak_rss_mb()
     print("RESULT " + json.dumps(result), flush=True)
 

@@ -49,6 +49,36 @@ class KVCache:
         return prefix[0], prefix[1]
 
 
+class StaticKVCache:
+    """A fixed-shape cache: every row writes its keys/values at its own positions, attention reads a fixed-length
+    window `[:kv_len]` and a position mask hides what a query may not see (later positions, stale drafts).
+
+    Shapes never change from step to step, which is what CUDA graphs need, and rows may be at different positions
+    (speculative decoding advances each row by as many tokens as it accepted). Stale entries past a row's position
+    (rejected drafts) are simply overwritten later and masked until then.
+    """
+
+    def __init__(self, max_len: int):
+        self.max_len = max_len
+        self.buffer = None
+
+    def update(self, positions: torch.Tensor, kv: torch.Tensor):
+        """positions (B, n) sequence positions of kv (2, B, heads, n, dim_head) -> full (keys, values) buffers."""
+        two, b, h, n, d = kv.shape
+        if self.buffer is None:  # allocated at the first write, in the dtype the layer produces (bf16 under autocast)
+            # zeros, not empty: masked slots are multiplied by weight 0, and 0 * NaN garbage would still be NaN
+            self.buffer = kv.new_zeros(two, b, h, self.max_len, d)
+        index = positions.view(1, b, 1, n, 1).expand(two, b, h, n, d)
+        self.buffer.scatter_(3, index, kv.to(self.buffer.dtype))
+        return self.buffer[0], self.buffer[1]
+
+
+def position_mask(positions: torch.Tensor, kv_len: int) -> torch.Tensor:
+    """Boolean (B, 1, n, kv_len) mask, True where the query at positions[b, i] may attend to key slot j (j <= it)."""
+    keys = torch.arange(kv_len, device=positions.device)
+    return (keys <= positions.unsqueeze(-1)).unsqueeze(1)
+
+
 class Attention(nn.Module):
     def __init__(self, dim: int, heads: int, dim_head: int, dropout: float = 0.0, stable: bool = False):
         super().__init__()
@@ -61,15 +91,29 @@ class Attention(nn.Module):
         self.to_out = Linear(inner, dim)
         self.out_dropout = nn.Dropout(dropout)
 
-    def forward(self, x: torch.Tensor, cache: KVCache | None = None, start: int = 0, return_attention: bool = False):
+    def forward(self, x: torch.Tensor, cache: KVCache | StaticKVCache | None = None, start: int = 0,
+                return_attention: bool = False, positions: torch.Tensor | None = None,
+                mask: torch.Tensor | None = None):
         """x: (B, L, dim) holding sequence positions start..start+L-1.
 
         With a cache, the new keys/values are written at those positions and the queries attend to everything
         cached so far. Returns the output (B, L, dim) and, if return_attention, the weights (B, heads, L, start+L).
+        With a StaticKVCache, positions (B, L) says where each row's tokens sit and mask (see position_mask) which
+        key slots each query sees; `start` is unused.
         """
         b, n, _ = x.shape
         qkv = self.to_qkv(x).view(b, n, 3, self.heads, self.dim_head).permute(2, 0, 3, 1, 4)  # (3, B, H, n, d)
         q = qkv[0]
+        if isinstance(cache, StaticKVCache):
+            k, v = cache.update(positions, qkv[1:])
+            kv_len = mask.shape[-1]
+            k, v = k[:, :, :kv_len], v[:, :, :kv_len]
+            if self.stable or return_attention:
+                out, weights = self._explicit_attention(q, k, v, start, mask=mask)
+            else:
+                out, weights = F.scaled_dot_product_attention(q, k, v, attn_mask=mask), None
+            out = self.to_out(out.transpose(1, 2).reshape(b, n, self.heads * self.dim_head))
+            return out, weights
         if cache is not None:
             k, v = cache.update(start, qkv[1:])
         elif start != 0:
@@ -96,7 +140,7 @@ class Attention(nn.Module):
             out = self.out_dropout(out)
         return out, weights
 
-    def _explicit_attention(self, q, k, v, start: int):
+    def _explicit_attention(self, q, k, v, start: int, mask: torch.Tensor | None = None):
         scale = self.dim_head ** -0.5
         if self.stable:
             # PB-relax (CogView, section 2.4): shrink before the matmul, subtract the row max, scale back.
@@ -104,7 +148,9 @@ class Attention(nn.Module):
         else:
             scores = (q * scale) @ k.transpose(-1, -2)
         n, total = q.shape[2], k.shape[2]
-        if n > 1:
+        if mask is not None:
+            scores = scores.masked_fill(~mask, float("-inf"))
+        elif n > 1:
             scores = scores.masked_fill(~_causal_mask(n, total, start, q.device), float("-inf"))
         if self.stable:
             scores = (scores - scores.amax(dim=-1, keepdim=True).detach()) * PB_RELAX_ALPHA

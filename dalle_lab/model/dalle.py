@@ -25,9 +25,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..sampling import resolve_top_k, sample_from_log_probs, sampling_distribution
+from ..sampling import resolve_top_k
 from .config import DALLEConfig
+from .decoding import Sampling, plain_decode
 from .linear import Linear
+from .speculative import DEFAULT_WINDOW, speculative_by_default, speculative_decode
 from .transformer import Transformer
 
 # DALLE-pytorch primes with the top 14 of 32 rows when no count is given; same fraction here.
@@ -50,6 +52,8 @@ class DALLE(nn.Module):
     weights are not in `state_dict()` or `parameters()` (checkpoints record its identity instead); moving the
     model to a device moves it too, dtype changes (.half(), .bfloat16()) leave it alone.
     """
+
+    speculative_default: bool | None = None  # generate_images' `speculative` when not given (None: automatic)
 
     def __init__(self, *, vae=None, config: DALLEConfig | None = None, **fields):
         super().__init__()
@@ -250,7 +254,8 @@ class DALLE(nn.Module):
                         top_p: float | None = None, temperature: float = 1.0, cond_scale: float = 1.0,
                         img: torch.Tensor | None = None, num_init_img_tokens: int | None = None,
                         use_cache: bool = True, return_tokens: bool = False, return_logprobs: bool = False,
-                        generator: torch.Generator | None = None,
+                        generator: torch.Generator | None = None, speculative: bool | None = None,
+                        speculative_window: int = DEFAULT_WINDOW, cuda_graph: bool = False,
                         logits_callback: Callable[[int, torch.Tensor, torch.Tensor | None], None] | None = None):
         """Sample image tokens for each caption in text (B, text_seq_len) and decode them with the vae.
 
@@ -261,6 +266,11 @@ class DALLE(nn.Module):
         ids (B, >= num_init_img_tokens); num_init_img_tokens defaults to 14/32 of the grid (whole rows count
         fmap_size tokens each). generator: a torch.Generator for reproducible sampling.
         logits_callback(position, logits_cond, logits_uncond_or_None) is called before each token is sampled.
+        speculative: lossless speculative Jacobi decoding (dalle_lab/model/speculative.py): the same distribution of
+        images from fewer transformer passes, speculative_window drafts per pass; None (default) picks the faster
+        exact path (the model's `speculative_default` attribute when set, else speculative_by_default); the tokens then differ from plain decoding's for the same seed,
+        their distribution does not. cuda_graph: replay each decode pass as a CUDA graph over a static KV cache
+        (dalle_lab/model/graphs.py; on the CPU the same fixed-shape arithmetic, uncaptured).
 
         Returns images (B, 3, H, W) in [0, 1]; with return_tokens the (B, image_seq_len) token ids instead (no vae
         needed); with return_logprobs a pair (images or tokens, logprobs (B, image_seq_len) float32) where logprobs
@@ -289,34 +299,23 @@ class DALLE(nn.Module):
             raise ValueError("num_init_img_tokens needs img (pixels or token ids) to prime with")
         logprobs = torch.zeros(batch, N, dtype=torch.float32, device=text.device)
 
-        guided = cond_scale != 1.0
-        # Conditional rows first, unconditional rows after: one batched forward serves both passes.
-        rows_text = torch.cat([text, self.null_text(text)]) if guided else text
-        text_ids = self._text_ids(rows_text)
-        repeat = 2 if guided else 1
-
+        sampling = Sampling(cond_scale, temperature, k, top_p)
+        if speculative is None:
+            speculative = self.speculative_default
+        if speculative is None:
+            speculative = use_cache and logits_callback is None and speculative_by_default(self, batch)
+        if speculative and (not use_cache or logits_callback is not None):
+            raise ValueError("speculative=True needs use_cache=True and no logits_callback (it scores several "
+                             "positions per pass, not one at a time); pass speculative=False")
         was_training = self.training
         self.eval()
         try:
-            if use_cache:
-                caches = self.transformer.new_caches(max_len=T + N)
-                x = self._embed(text_ids, tokens[:, :n_init].repeat(repeat, 1))
-                h, _ = self.transformer(x, caches=caches, start=0)
-                image_pos = self._image_pos()
-            for i in range(n_init, N):
-                if use_cache:
-                    if i > n_init:  # feed the token sampled last step at sequence position 1 + T + (i - 1)
-                        x = (self.image_emb(tokens[:, i - 1]) + image_pos[i - 1]).unsqueeze(1)
-                        x = x if repeat == 1 else x.repeat(repeat, 1, 1)
-                        h, _ = self.transformer(x, caches=caches, start=T + i)
-                else:
-                    h, _ = self.transformer(self._embed(text_ids, tokens[:, :i].repeat(repeat, 1)))
-                step_logits = self.to_image_logits(self._final(h[:, -1]))
-                cond, uncond = (step_logits[:batch], step_logits[batch:]) if guided else (step_logits, None)
-                if logits_callback is not None:
-                    logits_callback(i, cond, uncond)
-                log_probs = sampling_distribution(cond, uncond, cond_scale, temperature, k, top_p)
-                tokens[:, i], logprobs[:, i] = sample_from_log_probs(log_probs, generator)
+            if speculative:
+                speculative_decode(self, self._text_ids(text), tokens, logprobs, n_init, sampling, generator,
+                                   window=speculative_window, graphs=cuda_graph)
+            else:
+                plain_decode(self, self._text_ids(text), tokens, logprobs, n_init, sampling, generator,
+                             use_cache=use_cache, graphs=cuda_graph, logits_callback=logits_callback)
         finally:
             self.train(was_training)
 

@@ -1,30 +1,89 @@
-"""nn.Linear with a faster path for the few-row inputs of cached generation.
+"""nn.Linear that can multiply with a weight packed once for the few-row products of cached generation.
 
-During cached generation every layer multiplies only batch-size rows (4-16) by its weight. For such inputs the CPU
-GEMM behind F.linear repacks the whole weight matrix on every call; once the weights no longer fit in cache (they
-don't: the model cycles through all of them every step) that makes a step about 2x slower than needed. Computing
-the transposed product W @ x^T (the weight as the big left operand) streams the weight once without repacking.
-Measured on this machine's CPU, 1 thread, weights out of cache: (4 x 256) @ (256 x 2048) 500 us -> 190 us,
-(4 x 256) @ (256 x 768) 150 -> 90 us; for layers that shrink the width (256 x 1024 -> 256) F.linear is as fast or
-faster (123 vs 155 us), so they keep it.
-Same parameters and state_dict keys as nn.Linear, so it is a drop-in replacement.
+During cached generation every layer multiplies only a handful of rows (batch size, or batch x window for
+speculative decoding) by its weight, and the CPU GEMM behind F.linear reorders the whole weight into its blocked
+layout on every call. Packing each weight once per generation (`packed_linears`) removes that work:
+- float32: MKL's packed GEMM (the weight packed for the step's row count; other row counts use F.linear), only
+  when PACK_FLOAT32 is set (off: not shown to pay, see below);
+- bfloat16 (under CPU autocast, or a bf16 model): oneDNN's prepacked linear, which runs on AMX / avx512_bf16 where
+  the CPU has them, and gives bit-identical results to F.linear in bfloat16 (it is the same kernel, minus the
+  reorder; autocast's per-call float32 -> bfloat16 weight copy goes away too).
+What each kernel costs is in docs/performance.md (benchmarks/perf/decode_levers.py): bf16 prepacked is the clear
+gain (the 16 products of a reference step at 4 rows 2.39 -> 1.42 ms, at 20 rows 3.00 -> 1.82 ms); float32
+packing is worth little or nothing under heavy load (2.52 -> 2.69 ms at load 19). The transposed product
+W @ x^T this class used before was slowest on this Xeon (3.86 ms) and is gone.
+Same parameters and state_dict keys as nn.Linear, so it is a drop-in replacement; packing never changes them.
 """
 from __future__ import annotations
+
+from contextlib import contextmanager
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-# Up to this many rows the transposed product wins (it loses from about 32 rows on).
-FEW_ROWS = 16
+# Whether float32 products use MKL's packed GEMM inside packed_linears (bfloat16 always uses oneDNN's prepacked
+# weights). Off: at the load it was measured under it did not pay (docs/performance.md); re-measure on an idle
+# machine with benchmarks/perf/decode_levers.py --levers products step and turn it on if it does.
+PACK_FLOAT32 = False
+
+
+class PackedWeight:
+    """The packed forms of one Linear's weight, made on first use per dtype, for inputs of `rows` rows."""
+
+    def __init__(self, linear: nn.Linear, rows: int):
+        self.linear, self.rows = linear, rows
+        self.fp32 = self.bf16 = None
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor | None:
+        """The product, or None where no packed kernel applies (then the caller uses F.linear)."""
+        w, b = self.linear.weight, self.linear.bias
+        if torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16:
+            x = x.to(torch.bfloat16)
+        if x.dtype == torch.bfloat16 and w.dtype in (torch.float32, torch.bfloat16):
+            if self.bf16 is None:
+                wb = w.detach().to(torch.bfloat16)
+                self.bf16 = (torch.ops.mkldnn._reorder_linear_weight(wb, self.rows),
+                             None if b is None else b.detach().to(torch.bfloat16))
+            return torch.ops.mkldnn._linear_pointwise(x, self.bf16[0], self.bf16[1], "none", [], "")
+        rows = x.numel() // x.shape[-1]
+        if PACK_FLOAT32 and x.dtype == torch.float32 and w.dtype == torch.float32 and rows == self.rows:
+            if self.fp32 is None:
+                self.fp32 = (torch.ops.mkl._mkl_reorder_linear_weight(w.detach(), self.rows),
+                             w.new_zeros(w.shape[0]) if b is None else b.detach())
+            return torch.ops.mkl._mkl_linear(x, self.fp32[0], w.detach(), self.fp32[1], self.rows)
+        return None
+
+
+def packing_available() -> bool:
+    return torch.backends.mkldnn.is_available() and torch.backends.mkl.is_available()
 
 
 class Linear(nn.Linear):
+    packed: PackedWeight | None = None  # set only inside packed_linears()
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
-        if rows == 0 or rows > FEW_ROWS or self.out_features <= self.in_features or x.device.type != "cpu":
-            return F.linear(x, self.weight, self.bias)
-        out = torch.mm(self.weight, x.reshape(rows, x.shape[-1]).t()).t()  # torch.mm: fewer dispatches than @
-        # the add (or contiguous) lays the result out row-major again: SDPA falls back to a slow kernel otherwise
-        out = out + self.bias.to(out.dtype) if self.bias is not None else out.contiguous()  # dtype: autocast
-        return out.view(*x.shape[:-1], self.out_features)
+        if self.packed is not None and x.device.type == "cpu" and not torch.is_grad_enabled():
+            out = self.packed(x)
+            if out is not None:
+                return out
+        return F.linear(x, self.weight, self.bias)
+
+
+@contextmanager
+def packed_linears(model: nn.Module, rows: int, enabled: bool = True):
+    """Within the block, every Linear of model (on the CPU) multiplies `rows`-row inputs with a packed weight.
+
+    The packs are made from the weights as they are on entry and dropped on exit, so a model that trains between
+    generations is never multiplied with stale weights (do not update weights inside the block)."""
+    linears = [m for m in model.modules() if isinstance(m, Linear) and m.weight.device.type == "cpu"]
+    if not enabled or not packing_available() or not linears:
+        yield
+        return
+    for m in linears:
+        m.packed = PackedWeight(m, rows)
+    try:
+        yield
+    finally:
+        for m in linears:
+            m.packed = None

@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch.nn.functional as F
 from torch import nn
 
-from .attention import Attention, KVCache
+from .attention import Attention, KVCache, StaticKVCache, position_mask
 from .linear import Linear
 
 
@@ -45,8 +45,10 @@ class Block(nn.Module):
             self.attn_out_norm = nn.LayerNorm(dim)
             self.ff_out_norm = nn.LayerNorm(dim)
 
-    def forward(self, x, cache: KVCache | None = None, start: int = 0, return_attention: bool = False):
-        attn_out, weights = self.attn(self.attn_norm(x), cache=cache, start=start, return_attention=return_attention)
+    def forward(self, x, cache: KVCache | None = None, start: int = 0, return_attention: bool = False,
+                positions=None, mask=None):
+        attn_out, weights = self.attn(self.attn_norm(x), cache=cache, start=start, return_attention=return_attention,
+                                      positions=positions, mask=mask)
         ff_in = x + (self.attn_out_norm(attn_out) if self.sandwich_norm else attn_out)
         ff_out = self.ff(self.ff_norm(ff_in))
         return ff_in + (self.ff_out_norm(ff_out) if self.sandwich_norm else ff_out), weights
@@ -61,15 +63,23 @@ class Transformer(nn.Module):
             Block(dim, heads, dim_head, ff_mult, attn_dropout, ff_dropout, stable, sandwich_norm) for _ in range(depth)
         )
 
-    def new_caches(self, max_len: int) -> list[KVCache]:
-        return [KVCache(max_len) for _ in self.layers]
+    def new_caches(self, max_len: int, static: bool = False) -> list[KVCache] | list[StaticKVCache]:
+        return [(StaticKVCache if static else KVCache)(max_len) for _ in self.layers]
 
-    def forward(self, x, caches: list[KVCache] | None = None, start: int = 0, return_attention: bool = False):
-        """Returns (x, attentions): attentions is a list with one (B, heads, L, start+L) tensor per layer, or None."""
+    def forward(self, x, caches: list[KVCache] | None = None, start: int = 0, return_attention: bool = False,
+                positions=None, kv_len: int | None = None):
+        """Returns (x, attentions): attentions is a list with one (B, heads, L, start+L) tensor per layer, or None.
+
+        With static caches (new_caches(static=True)), positions (B, L) gives each token's sequence position and the
+        queries attend to key slots [0, kv_len) (default: the whole cache) up to their own position.
+        """
         attentions = [] if return_attention else None
+        mask = None
+        if positions is not None:  # one mask for all layers
+            mask = position_mask(positions, caches[0].max_len if kv_len is None else kv_len)
         for i, layer in enumerate(self.layers):
             x, weights = layer(x, cache=None if caches is None else caches[i], start=start,
-                               return_attention=return_attention)
+                               return_attention=return_attention, positions=positions, mask=mask)
             if return_attention:
                 attentions.append(weights)
         return x, attentions
