@@ -63,9 +63,10 @@ def token_kl(policy_logprobs_full, reference_logprobs_full):
     starting model believes" is the regulariser we want, whatever sampling settings are used.
     """
     p = policy_logprobs_full.exp()
-    # outside a filtered support both are -inf and p is 0: such tokens contribute 0, not nan
-    terms = p * (policy_logprobs_full - reference_logprobs_full)
-    return torch.where(p > 0, terms, torch.zeros_like(terms)).sum(-1)
+    # Outside a filtered support both are -inf and p is 0: such tokens contribute 0. The difference is masked before
+    # the product so that neither the value nor the gradient sees -inf - -inf = nan.
+    diff = torch.where(p > 0, policy_logprobs_full - reference_logprobs_full, torch.zeros_like(p))
+    return (p * diff).sum(-1)
 
 
 def token_entropy(logprobs_full):
