@@ -326,32 +326,34 @@ def _true_fp32():
 
 @contextlib.contextmanager
 def _cast_model(model, dtype):
-    """Cast every floating parameter and buffer (and floating forward inputs) to `dtype`; put the originals back.
+    """Run the model with every floating parameter and buffer (and floating forward input) cast to `dtype`.
 
-    The original tensors themselves are restored (not cast back), so a round trip through bfloat16 loses nothing.
+    The casts are new tensors swapped in for the duration (torch's reparametrisation, what torch.func.functional_call
+    uses); the model's own tensors are never touched. So a round trip loses nothing, and a graph recorded inside the
+    block keeps the bfloat16 tensors it used: `loss.backward()` after the block (reward backpropagation through a
+    bf16 reward model) sees the same dtypes as the forward did.
     """
     import torch
+    from torch.nn.utils.stateless import _reparametrize_module
 
-    saved = []
-    for tensor in [*model.parameters(), *model.buffers()]:
-        if tensor.is_floating_point() and tensor.dtype != dtype:
-            saved.append((tensor, tensor.data))
-            tensor.data = tensor.data.to(dtype)
+    cast = {name: tensor.to(dtype)
+            for name, tensor in [*model.named_parameters(remove_duplicate=False),
+                                 *model.named_buffers(remove_duplicate=False)]
+            if tensor.is_floating_point() and tensor.dtype != dtype}
 
     def cast_inputs(module, args, kwargs):
-        def cast(value):
+        def to_dtype(value):
             if isinstance(value, torch.Tensor) and value.is_floating_point():
                 return value.to(dtype)
             return value
-        return tuple(cast(a) for a in args), {k: cast(v) for k, v in kwargs.items()}
+        return tuple(to_dtype(a) for a in args), {k: to_dtype(v) for k, v in kwargs.items()}
 
     hook = model.register_forward_pre_hook(cast_inputs, with_kwargs=True)
     try:
-        yield
+        with _reparametrize_module(model, cast):
+            yield
     finally:
         hook.remove()
-        for tensor, data in saved:
-            tensor.data = data
 
 
 @contextlib.contextmanager
