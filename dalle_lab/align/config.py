@@ -64,6 +64,12 @@ class AlignConfig:
     # reward_backprop: AlignProp's randomised truncation. None: always the last backprop_last_k tokens; an int m:
     # each step draws K uniformly from [m, backprop_last_k].
     backprop_last_k_min: int | None = None
+    # reward_backprop: how many links of the chain the gradient follows inside the window. 1: each window token's
+    # relaxation reaches only its own logits (one pass); d: the relaxed one-hots are fed forward as input embeddings
+    # d - 1 times, so token j's gradient also flows through how it shaped tokens j+1.. up to d - 1 links deep (d
+    # passes); None: the whole chain of the window (backprop_last_k passes).
+    backprop_chain_depth: int | None = 1
+    backprop_checkpoint: int = 0  # 1: recompute each pass in the backward (gradient checkpointing) to save memory
 
     def __post_init__(self):
         if self.method not in ("policy_gradient", "reward_backprop"):
@@ -82,6 +88,9 @@ class AlignConfig:
         if self.backprop_last_k_min is not None and not 1 <= self.backprop_last_k_min <= self.backprop_last_k:
             raise ValueError(f"backprop_last_k_min must be in [1, backprop_last_k={self.backprop_last_k}], got "
                              f"{self.backprop_last_k_min}")
+        if self.backprop_chain_depth is not None and self.backprop_chain_depth < 1:
+            raise ValueError(f"backprop_chain_depth must be >= 1 or None (the whole window), got "
+                             f"{self.backprop_chain_depth}")
         for name in ("epochs", "prompts_per_epoch", "group_size", "sample_batch_size", "train_batch_size",
                      "inner_epochs", "gradient_accumulation_steps"):
             if getattr(self, name) < 1:

@@ -18,6 +18,8 @@ applied to recomputed logits rather than unrolled through the sampler.
 """
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -71,6 +73,67 @@ def straight_through_tokens(logprobs, tokens, last_k: int, tau: float = 1.0, gen
     return torch.cat([hard[:, :start], tail], dim=1)
 
 
+@contextlib.contextmanager
+def relaxed_image_inputs(dalle, relaxed, start: int):
+    """Inside the block, the transformer's image inputs at positions start.. are `relaxed` one-hots times the image
+    embedding table instead of the embeddings of the hard ids (a forward hook on `dalle.image_emb`, so both the
+    conditional and the guidance pass see them). The forward value is unchanged (relaxed is one-hot valued and a
+    one-hot row times the table is that row exactly); the gradient flows from later positions into `relaxed`.
+
+    relaxed: (B, N, V) token distributions of every image position; input i of the model is image token i, so inputs
+    start .. N - 2 are replaced (the last token feeds nothing).
+    """
+    def hook(module, args, output):
+        n = output.shape[1]  # the model feeds image tokens 0 .. n - 1
+        if n <= start:
+            return output
+        window = relaxed[:, start:n].to(module.weight.dtype)
+        with torch.autocast(output.device.type, enabled=False):
+            soft = window @ module.weight
+        return torch.cat([output[:, :start], soft.to(output.dtype)], dim=1)
+
+    handle = dalle.image_emb.register_forward_hook(hook)
+    try:
+        yield
+    finally:
+        handle.remove()
+
+
+def relaxed_chain(dalle, text, tokens, config, support, last_k: int, depth: int, noise, checkpoint: bool = False):
+    """The straight-through tokens of one sampled batch, with the gradient through `depth` links of the chain.
+
+    Pass 1 is a teacher-forced pass on the hard ids; its logits give relaxations r1 of the last `last_k` tokens.
+    Pass d feeds r(d-1) forward as input embeddings inside the window (relaxed_image_inputs), so its logits, and
+    the relaxations rd built from them, depend on how each window token shaped the later ones, up to d - 1 links
+    deep. Every pass has the same forward value (one-hot valued relaxations), and the same Gumbel noise (`noise()`
+    returns fresh per-image generators with the same seeds), so depth only changes the gradient; depth = last_k
+    is the whole chain of the window (what unrolling the sampler would give), depth 1 the own-logits-only gradient.
+    checkpoint: recompute each pass in the backward instead of keeping its activations (memory of one pass).
+
+    Returns (relaxed (B, N, V) of the last pass, [(sampling log-probs, plain conditional log-probs), (B, N, V)
+    each, of every pass]).
+    """
+    start = tokens.shape[1] - last_k
+    passes = []
+
+    def one_pass(previous):
+        context = relaxed_image_inputs(dalle, previous, start) if previous is not None else contextlib.nullcontext()
+        with context:
+            _, processed, model_full = policy_logprobs(dalle, text, tokens, config, support)
+        return straight_through_tokens(processed, tokens, last_k, config.gumbel_tau, noise()), processed, model_full
+
+    relaxed = None
+    for _ in range(max(1, depth)):
+        if checkpoint and torch.is_grad_enabled():
+            from torch.utils.checkpoint import checkpoint as run_checkpointed
+
+            relaxed, processed, model_full = run_checkpointed(one_pass, relaxed, use_reentrant=False)
+        else:
+            relaxed, processed, model_full = one_pass(relaxed)
+        passes.append((processed, model_full))
+    return relaxed, passes
+
+
 class RewardBackpropTrainer(AlignTrainer):
     """One gradient step per sampled batch on -reward(decode_soft(relaxed tokens)); see the module docstring."""
 
@@ -96,13 +159,20 @@ class RewardBackpropTrainer(AlignTrainer):
         generator = seeded_generator("cpu", cfg.seed, self.epoch, step, 3)
         return int(torch.randint(cfg.backprop_last_k_min, cfg.backprop_last_k + 1, (1,), generator=generator))
 
-    def backprop_loss(self, text, tokens, prompts, support=None, last_k=None, generator=None):
-        """Loss (mean over the batch), rewards (detached), images (detached) and stats for one sampled batch."""
+    def backprop_loss(self, text, tokens, prompts, support=None, last_k=None, noise=None):
+        """Loss (mean over the batch), rewards (detached), images (detached) and stats for one sampled batch.
+        noise: a function returning the Gumbel generators (one per image); default the trainer's generator."""
         cfg = self.config
-        last_k = cfg.backprop_last_k if last_k is None else last_k
-        sampled, processed, model_full = policy_logprobs(self.dalle, text, tokens, cfg, support)
-        relaxed = straight_through_tokens(processed, tokens, last_k, cfg.gumbel_tau,
-                                          self.generator if generator is None else generator)
+        last_k = max(1, min(cfg.backprop_last_k if last_k is None else last_k, tokens.shape[1]))
+        if noise is None:  # one seed for every pass of this batch, drawn from the trainer's generator
+            seed = int(torch.randint(2 ** 62, (1,), generator=self.generator))
+
+            def noise():
+                return torch.Generator().manual_seed(seed)
+        depth = last_k if cfg.backprop_chain_depth is None else min(cfg.backprop_chain_depth, last_k)
+        relaxed, passes = relaxed_chain(self.dalle, text, tokens, cfg, support, last_k, depth, noise,
+                                        checkpoint=bool(cfg.backprop_checkpoint))
+        processed, model_full = passes[-1]
         images = self.dalle.vae.decode_soft(relaxed)
         rewards = self.reward(images, prompts)
         loss = -rewards.float().mean()
@@ -142,7 +212,11 @@ class RewardBackpropTrainer(AlignTrainer):
                 my_prompts = [p for r in rows for p in r[4]]
                 for micro in chunks(torch.arange(len(index)), cfg.train_batch_size):
                     # each image's Gumbel noise from its own generator: the same whatever micro-batch it is in
-                    noise = [seeded_generator("cpu", cfg.seed, self.epoch, int(i), 2) for i in index[micro]]
+                    seeds = [int(i) for i in index[micro]]
+
+                    def noise(seeds=seeds):
+                        return [seeded_generator("cpu", cfg.seed, self.epoch, i, 2) for i in seeds]
+
                     loss, batch_rewards, images, stats = self.backprop_loss(
                         text[micro], tokens[micro], [my_prompts[i] for i in micro],
                         None if support is None else support[micro], last_k, noise)
