@@ -9,7 +9,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 torch.set_num_threads(1)
 
 
-def run(out_dir, method: str, train_batch_size: int, ga: int, log_fn=lambda _: None):
+def run(out_dir, method: str, train_batch_size: int, ga: int, log_fn=lambda _: None, full: bool = True):
+    """full: AlignTrainer.train (logs, plots, grids, checkpoints by process 0); else just the two epochs' updates."""
     from test_align_finetune import PROMPTS, tiny_dalle
 
     from dalle_lab.align.config import AlignConfig
@@ -26,7 +27,13 @@ def run(out_dir, method: str, train_batch_size: int, ga: int, log_fn=lambda _: N
     cls = RewardBackpropTrainer if method == "reward_backprop" else PolicyGradientTrainer
     trainer = cls(tiny_dalle(tokenizer), tokenizer, config, PROMPTS, out_dir, reward=brightness, log_fn=log_fn,
                   resume=False)
-    history = trainer.train()
+    if full:
+        history = trainer.train()
+    else:
+        history = []
+        for epoch in range(config.epochs):
+            history.append(trainer.train_epoch(trainer.epoch_prompts(epoch)))
+            trainer.epoch += 1
     weights = {name: p.detach().clone() for name, p in trainer.dalle.named_parameters()}
     if trainer.processes.is_main:
         torch.save({"weights": weights, "history": history}, Path(out_dir) / "weights.pt")

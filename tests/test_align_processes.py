@@ -22,8 +22,8 @@ def assert_same_weights(a, b, atol=1e-6):
 
 @pytest.mark.parametrize("method", ["policy_gradient", "reward_backprop"])
 def test_accumulating_two_half_batches_equals_one_full_batch(tmp_path, method):
-    full, history_full = run(tmp_path / "full", method, train_batch_size=4, ga=1)
-    halves, history_halves = run(tmp_path / "halves", method, train_batch_size=2, ga=2)
+    full, history_full = run(tmp_path / "full", method, train_batch_size=4, ga=1, full=False)
+    halves, history_halves = run(tmp_path / "halves", method, train_batch_size=2, ga=2, full=False)
     moved = max(  # training moved the weights, so equality means something
         (full[k] - v).abs().max().item() for k, v in _initial(method).items())
     assert moved > 1e-4
@@ -57,3 +57,26 @@ def test_two_processes_with_half_the_batch_equal_one_process(tmp_path, method):
     assert_same_weights(one, saved["weights"])
     assert [h["reward_mean"] for h in history_one] == pytest.approx([h["reward_mean"] for h in saved["history"]],
                                                                     abs=1e-6)
+
+
+def test_resume_refuses_another_number_of_samples_per_step(tmp_path):
+    from test_align_finetune import PROMPTS, tiny_dalle
+
+    from dalle_lab.align.config import AlignConfig
+    from dalle_lab.align.policy_gradient import PolicyGradientTrainer
+    from dalle_lab.rewards import brightness
+    from dalle_lab.tokenizers import get_tokenizer
+
+    tokenizer = get_tokenizer()
+
+    def trainer(**overrides):
+        settings = dict(epochs=1, prompts_per_epoch=2, group_size=2, sample_batch_size=4, train_batch_size=2,
+                        inner_epochs=1, stat_min_count=2)
+        config = AlignConfig(**{**settings, **overrides})
+        return PolicyGradientTrainer(tiny_dalle(tokenizer), tokenizer, config, PROMPTS, tmp_path, reward=brightness,
+                                     log_fn=lambda _: None)
+
+    trainer().train()
+    assert trainer(epochs=2).epoch == 1  # same samples per step: resumes
+    with pytest.raises(ValueError, match="samples per optimizer step"):
+        trainer(epochs=2, gradient_accumulation_steps=2)
