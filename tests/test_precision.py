@@ -201,3 +201,70 @@ def test_unknown_mode_and_missing_model_are_clear_errors():
         with precision_mode(None, "bf16"):
             pass
     assert set(PRECISION_MODES) == {"fp32", "bf16", "fp16", "tpu_default"}
+
+
+# ------------------------------------------------------------------ issue 14: an allow-list, never a silent skip
+
+def test_tpu_default_refuses_cdist_and_names_it():
+    with pytest.raises(RuntimeError, match="aten::_cdist_forward"):
+        with precision_mode(None, "tpu_default"):
+            torch.cdist(torch.randn(5, 16), torch.randn(7, 16))
+
+
+def test_tpu_default_rounds_the_outer_product_of_addr():
+    generator = torch.Generator().manual_seed(3)
+    m, a, b = (torch.randn(shape, generator=generator) for shape in [(6, 5), (6,), (5,)])
+    with precision_mode(None, "tpu_default") as handle:
+        out = torch.addr(m, a, b)
+    assert handle.products["addr"] == 1
+    reference = m.double() + torch.outer(round_to_bf16(a).double(), round_to_bf16(b).double())
+    assert (out.double() - reference).abs().max() < 1e-6
+    assert (torch.addr(m, a, b).double() - reference).abs().max() > 1e-4  # the rounding is visible
+
+
+@torch.library.custom_op("dalle_lab_test::hidden_matmul", mutates_args=())
+def _hidden_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """A custom op, registered the way flash-attn and xformers register theirs, that hides a product."""
+    return a @ b
+
+
+@_hidden_matmul.register_fake
+def _(a, b):
+    return a.new_empty(a.shape[0], b.shape[1])
+
+
+def test_tpu_default_reports_ops_outside_its_allow_list_by_name():
+    a, b = torch.randn(4, 8), torch.randn(8, 3)
+    with pytest.warns(UserWarning, match="dalle_lab_test::hidden_matmul"):
+        with precision_mode(None, "tpu_default") as handle:
+            _hidden_matmul(a, b)
+            _hidden_matmul(a, b)
+    assert handle.unknown["dalle_lab_test::hidden_matmul"] == 2 and handle.num_products == 0
+    with pytest.raises(RuntimeError, match="aten::linalg_inv_ex"):  # an unlisted aten op, refused on request
+        with precision_mode(None, "tpu_default", unknown_ops="raise"):
+            torch.linalg.inv(torch.eye(3) + 0.1 * torch.randn(3, 3))
+    with precision_mode(None, "tpu_default", unknown_ops="ignore") as handle:  # counted even when quiet
+        _hidden_matmul(a, b)
+        (a * 2).softmax(-1).sum()  # allow-listed: pointwise, softmax, reduction
+    assert dict(handle.unknown) == {"dalle_lab_test::hidden_matmul": 1}
+
+
+@pytest.mark.parametrize("attn_implementation", ["sdpa", "eager"])
+def test_tpu_default_clip_tower_matches_a_float64_reference_of_bf16_operands(attn_implementation):
+    """End to end: the whole tiny CLIP vision tower under tpu_default against the same forward written out by hand
+    (dalle_lab.precision.reference) with bf16-rounded operands and float64 sums."""
+    from dalle_lab.precision.reference import clip_vision_reference
+
+    model = _tiny_clip(attn_implementation)
+    pixels = torch.rand(4, 3, 32, 32, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        exact = model(pixel_values=pixels).image_embeds.double()
+        with precision_mode(model, "tpu_default", unknown_ops="raise") as handle:
+            emulated = model(pixel_values=pixels).image_embeds.double()
+    reference = clip_vision_reference(model, pixels)
+    emulation_gap = (emulated - reference).abs().max()
+    assert emulation_gap < 1e-5  # measured 1.5e-7: float32 summation error
+    assert (exact - reference).abs().max() > 100 * emulation_gap  # measured 6.7e-3: what the rounding does
+    # the reference itself is right: without rounding it is the float32 model to float32 error
+    assert (clip_vision_reference(model, pixels, round_products=False) - exact).abs().max() < 1e-5
+    assert handle.num_products == 8 * model.config.num_hidden_layers + 2 and not handle.unknown

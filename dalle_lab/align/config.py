@@ -53,6 +53,24 @@ class AlignConfig:
     reward_gap_fraction: float = 0.25
     reward_gap_warn: float = 0.1  # warn when the mean |score(precision) - score(fp32)| exceeds this
 
+    # ---- issue 14: exact and scalable RL machinery (kept together at the end to ease merging)
+    # Which distributions the KL penalty compares: "sampling" = the policy's and the starting model's sampling
+    # distributions (guidance, temperature, renormalised over the sampler's top-k / top-p support), i.e. what is
+    # sampled, unconditional branch included; "conditional" = their plain conditional next-token distributions.
+    kl_distribution: str = "sampling"
+    # Optimizer steps over train_batch_size x processes x gradient_accumulation_steps images, gradients summed over
+    # the micro-batches and all-reduced across processes once per step.
+    gradient_accumulation_steps: int = 1
+    # reward_backprop: AlignProp's randomised truncation. None: always the last backprop_last_k tokens; an int m:
+    # each step draws K uniformly from [m, backprop_last_k].
+    backprop_last_k_min: int | None = None
+    # reward_backprop: how many links of the chain the gradient follows inside the window. 1: each window token's
+    # relaxation reaches only its own logits (one pass); d: the relaxed one-hots are fed forward as input embeddings
+    # d - 1 times, so token j's gradient also flows through how it shaped tokens j+1.. up to d - 1 links deep (d
+    # passes); None: the whole chain of the window (backprop_last_k passes).
+    backprop_chain_depth: int | None = 1
+    backprop_checkpoint: int = 0  # 1: recompute each pass in the backward (gradient checkpointing) to save memory
+
     def __post_init__(self):
         if self.method not in ("policy_gradient", "reward_backprop"):
             raise ValueError(f"method must be 'policy_gradient' or 'reward_backprop', not {self.method!r}")
@@ -65,8 +83,16 @@ class AlignConfig:
         if self.backprop_last_k < 1:
             raise ValueError(f"backprop_last_k must be >= 1 (the reward's gradient reaches the model through the last "
                              f"K tokens), got {self.backprop_last_k}")
+        if self.kl_distribution not in ("sampling", "conditional"):
+            raise ValueError(f"kl_distribution must be 'sampling' or 'conditional', not {self.kl_distribution!r}")
+        if self.backprop_last_k_min is not None and not 1 <= self.backprop_last_k_min <= self.backprop_last_k:
+            raise ValueError(f"backprop_last_k_min must be in [1, backprop_last_k={self.backprop_last_k}], got "
+                             f"{self.backprop_last_k_min}")
+        if self.backprop_chain_depth is not None and self.backprop_chain_depth < 1:
+            raise ValueError(f"backprop_chain_depth must be >= 1 or None (the whole window), got "
+                             f"{self.backprop_chain_depth}")
         for name in ("epochs", "prompts_per_epoch", "group_size", "sample_batch_size", "train_batch_size",
-                     "inner_epochs"):
+                     "inner_epochs", "gradient_accumulation_steps"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
 

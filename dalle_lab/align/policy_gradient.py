@@ -19,8 +19,9 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
+from dalle_lab.align.logprobs import policy_logprobs  # noqa: F401  (re-exported: the update's log-probs)
+from dalle_lab.align.processes import seeded_generator
 from dalle_lab.align.stat_tracking import PerPromptStatTracker, clip_advantages, group_normalize
 from dalle_lab.align.trainer import AlignTrainer, chunks
 
@@ -37,7 +38,8 @@ def ppo_clipped_loss(new_logprobs, old_logprobs, advantages, clip_range: float):
     Returns (loss, stats) where stats holds detached `approx_kl` (0.5 * mean squared log-ratio, as DDPO logs) and
     `clipfrac` (fraction of tokens whose ratio left [1 - clip, 1 + clip]).
     """
-    log_ratio = (new_logprobs - old_logprobs).clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT)
+    raw_log_ratio = new_logprobs - old_logprobs
+    log_ratio = raw_log_ratio.clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT)
     ratio = torch.exp(log_ratio)
     adv = advantages.reshape(-1, 1).to(ratio.dtype)
     unclipped = -adv * ratio
@@ -47,6 +49,8 @@ def ppo_clipped_loss(new_logprobs, old_logprobs, advantages, clip_range: float):
         stats = {
             "approx_kl": 0.5 * (log_ratio ** 2).mean().item(),
             "clipfrac": ((ratio - 1.0).abs() > clip_range).float().mean().item(),
+            # tokens whose ratio hit the e^+-20 clamp (they contribute no gradient): 0 unless something is off
+            "clamped_tokens": int((raw_log_ratio.abs() >= LOG_RATIO_LIMIT).sum()),
         }
     return loss, stats
 
@@ -59,32 +63,16 @@ def token_kl(policy_logprobs_full, reference_logprobs_full):
     starting model believes" is the regulariser we want, whatever sampling settings are used.
     """
     p = policy_logprobs_full.exp()
-    return (p * (policy_logprobs_full - reference_logprobs_full)).sum(-1)
+    # Outside a filtered support both are -inf and p is 0: such tokens contribute 0. The difference is masked before
+    # the product so that neither the value nor the gradient sees -inf - -inf = nan.
+    diff = torch.where(p > 0, policy_logprobs_full - reference_logprobs_full, torch.zeros_like(p))
+    return (p * diff).sum(-1)
 
 
 def token_entropy(logprobs_full):
     """Per-token entropy (nats) of a (B, N, V) log-prob tensor; filtered (-inf) entries contribute 0."""
     p = logprobs_full.exp()
     return -(p * torch.where(p > 0, logprobs_full, torch.zeros_like(logprobs_full))).sum(-1)
-
-
-# ---------------------------------------------------------------- log-probs under the sampling distribution
-
-def policy_logprobs(dalle, text, tokens, config):
-    """Recompute what the sampler did, with gradients: log-probs of `tokens` under the sampling distribution.
-
-    Returns (sampled_logprobs (B, N), sampling_logprobs_full (B, N, V), model_logprobs_full (B, N, V)); the last is
-    the plain conditional distribution the KL penalty uses.
-    """
-    from dalle_lab import sampling
-
-    cond = dalle.logits(text, tokens)
-    null = dalle.logits(dalle.null_text(text), tokens) if config.cond_scale != 1.0 else None
-    top_k = sampling.resolve_top_k(config.top_k, None, cond.shape[-1])
-    processed = sampling.sampling_distribution(cond, null, cond_scale=config.cond_scale,
-                                               temperature=config.temperature, top_k=top_k, top_p=config.top_p)
-    sampled = processed.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
-    return sampled, processed, F.log_softmax(cond.float(), dim=-1)
 
 
 # ---------------------------------------------------------------- the trainer
@@ -107,19 +95,41 @@ class PolicyGradientTrainer(AlignTrainer):
 
     @torch.no_grad()
     def collect(self, prompts: list[str]) -> dict:
-        """Sample images for `prompts` with recorded log-probs; rewards computed in the background."""
-        cfg = self.config
-        batches, futures = [], []
-        for batch_prompts in chunks(prompts, cfg.sample_batch_size):
+        """Sample images for `prompts` (this process's chunks), recording each token's log-prob and the sampler's
+        support; score them in the background; gather every process's trajectories into the global epoch.
+        `images` holds this process's images only (for the reward-precision gap)."""
+        rows, futures, images_local, prompts_local, index = [], [], [], [], []
+        for chunk, part in self.sample_chunks(len(prompts)):
+            batch_prompts = prompts[part]
             text = self.tokenize(batch_prompts)
-            images, tokens, logprobs = self.sample(text)
+            tokens, logprobs, support = self.sample_tokens(text, self.chunk_generator(self.epoch, chunk))
+            images = self.dalle.vae.decode(tokens)
             futures.append(self.reward_worker.submit(images, batch_prompts))
-            reference = self.reference_logprobs(text, tokens) if self.has_reference else torch.zeros(0)
-            batches.append((text, tokens, logprobs, reference, images))
-        rewards = torch.cat([future.result().float().cpu().reshape(-1) for future in futures])
-        text, tokens, old_logprobs, ref_logprobs, images = (torch.cat(parts) for parts in zip(*batches))
-        return {"prompts": prompts, "text": text, "tokens": tokens, "old_logprobs": old_logprobs,
-                "ref_logprobs": ref_logprobs, "images": images, "rewards": rewards}
+            rows.append({"text": text, "tokens": tokens, "old_logprobs": logprobs,
+                         **({"support": support} if support is not None else {})})
+            images_local.append(images)
+            prompts_local += batch_prompts
+            index.append(torch.arange(part.start, part.stop))
+        rewards = [future.result().float().cpu().reshape(-1) for future in futures]
+        local = {k: torch.cat([r[k] for r in rows]) for k in rows[0]} if rows else self._empty_rows(prompts)
+        local["rewards"] = torch.cat(rewards) if rewards else torch.zeros(0)
+        index = torch.cat(index) if index else torch.zeros(0, dtype=torch.long)
+        batch = self.gather_rows(local, index)
+        batch.update(prompts=prompts, images=torch.cat(images_local) if images_local else None,
+                     local_prompts=prompts_local, local_rewards=local["rewards"])
+        batch["rewards"] = batch["rewards"].cpu()
+        return batch
+
+    def _empty_rows(self, prompts) -> dict:
+        """No chunk for this process (more processes than chunks): zero rows of the right shapes."""
+        cfg, dcfg = self.config, self.dalle.config
+        rows = {"text": torch.zeros(0, dcfg.text_seq_len, dtype=torch.long, device=self.device),
+                "tokens": torch.zeros(0, dcfg.image_seq_len, dtype=torch.long, device=self.device),
+                "old_logprobs": torch.zeros(0, dcfg.image_seq_len, device=self.device)}
+        if cfg.top_k is not None or (cfg.top_p is not None and cfg.top_p < 1.0):
+            rows["support"] = torch.zeros(0, dcfg.image_seq_len, (dcfg.num_image_tokens + 7) // 8,
+                                          dtype=torch.uint8, device=self.device)
+        return rows
 
     def advantages(self, prompts, rewards) -> torch.Tensor:
         cfg = self.config
@@ -129,38 +139,66 @@ class PolicyGradientTrainer(AlignTrainer):
             adv = self.tracker.update(prompts, rewards.numpy())
         return torch.as_tensor(clip_advantages(adv, cfg.adv_clip_max), dtype=torch.float32)
 
+    def micro_batch_loss(self, batch, advantages, index, share: float, first_pass: bool) -> tuple:
+        """The loss of one micro-batch, scaled by its share of the optimizer step's samples (so the sum over the
+        step's micro-batches and processes is the step's mean), and its statistics (sums over its samples)."""
+        cfg = self.config
+        text, tokens = batch["text"][index], batch["tokens"][index]
+        support = batch["support"][index] if "support" in batch else None
+        sampled, processed, model_full, flips = policy_logprobs(self.dalle, text, tokens, cfg, support,
+                                                                return_flips=True)
+        old = batch["old_logprobs"][index]
+        pg_loss, stats = ppo_clipped_loss(sampled, old, advantages[index].to(sampled.device), cfg.clip_range)
+        loss = pg_loss
+        n = len(index)
+        sums = {"images": n, "approx_kl": stats["approx_kl"] * n, "clipfrac": stats["clipfrac"] * n,
+                "clamped_tokens": stats["clamped_tokens"],
+                "entropy": token_entropy(processed.detach()).mean().item() * n}
+        if first_pass:
+            sums["support_flips"] = flips
+        if self.has_reference:
+            reference = self.kl_reference_logprobs(text, tokens, support)
+            kl = token_kl(self.kl_policy_logprobs(processed, model_full), reference).mean()
+            loss = loss + cfg.kl_coef * kl
+            sums["kl_ref_token"] = kl.item() * n
+        sums["loss"] = loss.item() * n
+        first_ratio = (sampled.detach() - old).abs().max().item()
+        return loss * share, sums, first_ratio
+
     def train_epoch(self, prompts: list[str]) -> dict:
         cfg = self.config
         batch = self.collect(prompts)
         advantages = self.advantages(prompts, batch["rewards"])
         n = len(prompts)
-        sums: dict[str, list[float]] = {"loss": [], "approx_kl": [], "clipfrac": [], "kl_ref_token": [],
-                                        "entropy": [], "grad_norm": [], "ratio_first": []}
+        totals: dict[str, float] = {}
+        grad_norms, ratio_first = [], 0.0
         for inner in range(cfg.inner_epochs):
-            order = torch.randperm(n, generator=self.generator)
-            for index in chunks(order, cfg.train_batch_size):
-                sampled, processed, model_full = policy_logprobs(
-                    self.dalle, batch["text"][index], batch["tokens"][index], cfg)
-                pg_loss, stats = ppo_clipped_loss(sampled, batch["old_logprobs"][index], advantages[index],
-                                                  cfg.clip_range)
-                loss = pg_loss
-                if self.has_reference:
-                    kl = token_kl(model_full, batch["ref_logprobs"][index]).mean()
-                    loss = loss + cfg.kl_coef * kl
-                    sums["kl_ref_token"].append(kl.item())
-                grad_norm = self.step(loss)
-                sums["loss"].append(loss.item())
-                sums["approx_kl"].append(stats["approx_kl"])
-                sums["clipfrac"].append(stats["clipfrac"])
-                sums["entropy"].append(token_entropy(processed.detach()).mean().item())
-                sums["grad_norm"].append(grad_norm)
-                if inner == 0 and not sums["ratio_first"]:  # before any update: must be 0 (ratio 1)
-                    sums["ratio_first"].append((sampled.detach() - batch["old_logprobs"][index]).abs().max().item())
-        rewards = batch["rewards"]
-        log = {k: float(np.mean(v)) for k, v in sums.items() if v}
-        log["max_abs_logratio_first_step"] = log.pop("ratio_first")
+            # the same permutation in every process (and after a resume): it depends on (seed, epoch, inner) only
+            order = torch.randperm(n, generator=seeded_generator("cpu", cfg.seed, self.epoch, inner, 1))
+            for step, index in enumerate(chunks(order, self.step_size)):
+                self.zero_grad()
+                for micro in self.my_micro_batches(index):
+                    loss, sums, first = self.micro_batch_loss(batch, advantages, micro, len(micro) / len(index),
+                                                              first_pass=inner == 0)
+                    self.backward(loss)
+                    for key, value in sums.items():
+                        totals[key] = totals.get(key, 0.0) + value
+                    if inner == 0 and step == 0:  # no update yet: every ratio must be 1
+                        ratio_first = max(ratio_first, first)
+                grad_norms.append(self.finish_step())
+        keys = sorted(totals) if totals else []
+        keys = self.processes.gather_objects(keys)[0]  # process 0's keys (every process that ran has the same)
+        summed = dict(zip(keys, self.processes.sum_floats([totals.get(k, 0.0) for k in keys])))
+        images = summed.pop("images")
+        log = {k: v / images for k, v in summed.items() if k not in ("clamped_tokens", "support_flips")}
+        log["clamped_tokens"] = int(summed.get("clamped_tokens", 0))
+        if "support_flips" in summed:  # positions whose recomputed filter kept another set than the sampler's
+            log["support_flips"] = int(summed["support_flips"])
+        log["grad_norm"] = float(np.mean(grad_norms))
+        log["max_abs_logratio_first_step"] = self.processes.max_float(ratio_first)
         if "kl_ref_token" in log:  # the sequence KL: per-token KL summed over the image's tokens
             log["kl_ref_image"] = log["kl_ref_token"] * batch["tokens"].shape[1]
-        log.update(self.reward_summary(rewards))
-        log.update(self.reward_precision_gap(batch["images"], prompts, rewards))
+        log.update(self.reward_summary(batch["rewards"]))
+        if self.processes.is_main and batch["images"] is not None:
+            log.update(self.reward_precision_gap(batch["images"], batch["local_prompts"], batch["local_rewards"]))
         return log

@@ -23,6 +23,8 @@ import numpy as np
 import torch
 
 from dalle_lab.align.config import AlignConfig, from_dict, to_dict
+from dalle_lab.align.logprobs import policy_logprobs, sample_with_support
+from dalle_lab.align.processes import Processes, seeded_generator
 from dalle_lab.rewards import RewardWorker, get_reward
 
 STATE_FILE = "align_state.pt"
@@ -49,11 +51,13 @@ class AlignTrainer:
         self.prompts = list(prompts)
         self.eval_prompts = list(eval_prompts) if eval_prompts else list(dict.fromkeys(self.prompts))[:8]
         self.out_dir = Path(out_dir)
-        self.out_dir.mkdir(parents=True, exist_ok=True)
-        self.log_fn = log_fn
         self.device = next(p for p in dalle.parameters()).device
+        self.processes = Processes(self.device)
+        if self.processes.is_main:
+            self.out_dir.mkdir(parents=True, exist_ok=True)
+        self.log_fn = log_fn if self.processes.is_main else (lambda _: None)
         torch.manual_seed(config.seed)
-        self.generator = torch.Generator().manual_seed(config.seed)
+        self.generator = torch.Generator().manual_seed(config.seed)  # the reward-gap subsample (process 0)
 
         self.reward_options = dict(reward_options or {})
         if config.reward_precision != "fp32":
@@ -68,6 +72,7 @@ class AlignTrainer:
 
             self.lora_modules = add_lora(self.dalle, rank=config.lora_rank, alpha=config.lora_alpha)
         self.trainable = self._trainable_parameters()
+        self.processes.broadcast_parameters(self.trainable)
         self.reference = self._make_reference() if (self.needs_reference and config.kl_coef > 0) else None
         self.optimizer = torch.optim.AdamW(self.trainable, lr=config.lr, weight_decay=config.weight_decay)
         self.deepspeed = self._make_deepspeed() if config.deepspeed_zero_stage is not None else None
@@ -78,6 +83,7 @@ class AlignTrainer:
         self._last_epoch_s = 0.0  # duration of the latest epoch: the time-budget check's estimate of the next one
         self.history: list[dict] = []
         self._build_extra_state()
+        self.processes.barrier()  # process 0 has created out_dir
         if resume and (self.out_dir / STATE_FILE).exists():
             self.load_state(self.out_dir / STATE_FILE)
 
@@ -134,6 +140,23 @@ class AlignTrainer:
         return self.needs_reference and self.config.kl_coef > 0
 
     @torch.no_grad()
+    def kl_reference_logprobs(self, text, tokens, support=None):
+        """(B, N, V) log-probs of the starting model that the KL penalty compares the policy with: its sampling
+        distribution over the sampler's support (kl_distribution="sampling") or its plain conditional one."""
+        if self.config.kl_distribution == "conditional":
+            return self.reference_logprobs(text, tokens)
+        if self.lora_modules:
+            from dalle_lab.align.lora import lora_disabled
+
+            with lora_disabled(self.dalle):
+                return policy_logprobs(self.dalle, text, tokens, self.config, support)[1]
+        return policy_logprobs(self.reference, text, tokens, self.config, support)[1]
+
+    def kl_policy_logprobs(self, processed, model_full):
+        """The policy's side of the KL penalty, matching kl_reference_logprobs (see there)."""
+        return model_full if self.config.kl_distribution == "conditional" else processed
+
+    @torch.no_grad()
     def reference_logprobs(self, text, tokens):
         """(B, N, V) log-probs of the starting model's plain conditional next-token distribution."""
         if self.lora_modules:
@@ -149,12 +172,46 @@ class AlignTrainer:
         return self.tokenizer.tokenize(list(prompts), self.dalle.config.text_seq_len).to(self.device)
 
     @torch.no_grad()
-    def sample(self, text):
-        """(images, tokens, log-probs of the sampled tokens under the sampling distribution); the global torch RNG
-        draws the tokens (its state is saved with every checkpoint, so a resumed run continues the same stream)."""
-        tokens, logprobs = self.dalle.generate_images(
-            text, return_tokens=True, return_logprobs=True, **self.config.sampling_kwargs())
+    def sample_tokens(self, text, generator=None):
+        """(tokens, log-probs of the sampled tokens under the sampling distribution, the sampler's packed support or
+        None): see dalle_lab.align.logprobs. generator None: the global torch RNG."""
+        return sample_with_support(self.dalle, text, self.config, generator)
+
+    @torch.no_grad()
+    def sample(self, text, generator=None):
+        """(images, tokens, log-probs of the sampled tokens under the sampling distribution)."""
+        tokens, logprobs, _ = self.sample_tokens(text, generator)
         return self.dalle.vae.decode(tokens), tokens, logprobs
+
+    def chunk_generator(self, *key: int):
+        """The generator of one chunk of samples: depends on (seed, epoch, chunk, ...) only, so a chunk's samples are
+        the same whichever process draws them and after a resume."""
+        return seeded_generator(self.device, self.config.seed, *key)
+
+    def sample_chunks(self, num_samples: int) -> list[tuple[int, slice]]:
+        """This process's chunks of an epoch's `num_samples` samples: (chunk id, slice), chunks of sample_batch_size
+        dealt round-robin over processes."""
+        size = self.config.sample_batch_size
+        chunks_all = [(c, slice(start, min(start + size, num_samples)))
+                      for c, start in enumerate(range(0, num_samples, size))]
+        return self.processes.my_share(chunks_all)
+
+    def gather_rows(self, rows: dict, index: torch.Tensor) -> dict:
+        """Concatenate every process's rows (dict of tensors, first dim = samples; `index` their global positions)
+        into the global epoch, in global order, on this process's device."""
+        parts = self.processes.gather_objects({"index": index.cpu(), **{k: v.cpu() for k, v in rows.items()}})
+        order = torch.cat([p["index"] for p in parts]).argsort()
+        return {k: torch.cat([p[k] for p in parts])[order].to(rows[k].device) for k in rows}
+
+    @property
+    def step_size(self) -> int:
+        """Samples per optimizer step: train_batch_size x processes x gradient_accumulation_steps."""
+        return self.config.train_batch_size * self.processes.world_size * self.config.gradient_accumulation_steps
+
+    def my_micro_batches(self, index):
+        """This process's micro-batches (of train_batch_size) of one optimizer step's samples `index`."""
+        micro = list(chunks(index, self.config.train_batch_size))
+        return self.processes.my_share(micro)
 
     def _make_deepspeed(self):
         """DeepSpeed's engine around the transformer and our optimizer (one process; ZeRO stage from the config),
@@ -165,8 +222,12 @@ class AlignTrainer:
 
         dist = env_dist_info()
         if dist.distributed:
-            raise ValueError("alignment runs with DeepSpeed in one process only (each rank would sample and track "
-                             "its own prompts); start it without a multi-process launcher")
+            raise ValueError("alignment with --deepspeed_zero_stage runs in one process only; for several processes "
+                             "leave --deepspeed_zero_stage out (torchrun / the deepspeed launcher then run the plain "
+                             "trainer, gradients all-reduced once per step)")
+        if self.config.gradient_accumulation_steps != 1:
+            raise ValueError("--deepspeed_zero_stage with gradient_accumulation_steps > 1 is not supported; leave "
+                             "--deepspeed_zero_stage out to accumulate gradients")
         precision = Precision(self.device.type, None)
         ds_config = build_deepspeed_config({}, batch_size=self.config.train_batch_size, ga_steps=1, world_size=1,
                                            clip_grad_norm=self.config.max_grad_norm, precision=precision,
@@ -174,13 +235,30 @@ class AlignTrainer:
         return DeepSpeedEngine(self.dalle, self.optimizer, precision, dist, ds_config)
 
     def step(self, loss) -> float:
-        """One optimiser step with gradient clipping; returns the gradient norm before clipping."""
+        """One optimiser step on one loss (one micro-batch, this process only); returns the gradient norm."""
+        self.zero_grad()
+        self.backward(loss)
+        return self.finish_step()
+
+    def zero_grad(self) -> None:
+        if self.deepspeed is None:
+            self.optimizer.zero_grad(set_to_none=True)
+
+    def backward(self, loss) -> None:
+        """Accumulate one micro-batch's gradient locally (no communication: the sum over processes happens once,
+        in finish_step)."""
         if self.deepspeed is not None:
             self.deepspeed.engine.backward(loss)  # DeepSpeed clips (gradient_clipping) and steps itself
+        else:
+            loss.backward()
+
+    def finish_step(self) -> float:
+        """Sum gradients over processes, clip, step; returns the gradient norm before clipping (the same number in
+        every process)."""
+        if self.deepspeed is not None:
             self.deepspeed.engine.step()
             return self.deepspeed.optimizer_step()[0]
-        self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
+        self.processes.sum_gradients(self.trainable)
         norm = torch.nn.utils.clip_grad_norm_(self.trainable, self.config.max_grad_norm)
         self.optimizer.step()
         return float(norm)
@@ -235,11 +313,12 @@ class AlignTrainer:
         """True when the next epoch would end past `time_budget_s`, judged by how long the last epoch took (so a run
         stays within its budget rather than overshooting it by up to an epoch)."""
         budget = self.config.time_budget_s
-        return budget is not None and self.elapsed_s + self._last_epoch_s > budget
+        over = budget is not None and self.elapsed_s + self._last_epoch_s > budget
+        return self.processes.any(over)  # every process stops at the same epoch
 
     def train(self) -> list[dict]:
         cfg = self.config
-        if self.epoch == 0 and not self.history:  # a fresh run: no log lines from an earlier run in this out_dir
+        if self.epoch == 0 and not self.history and self.processes.is_main:  # fresh run: no earlier log lines
             (self.out_dir / "log.jsonl").unlink(missing_ok=True)
             self.save_grid(self.out_dir / "samples_before.png")
         while self.epoch < cfg.epochs and not self.out_of_time():
@@ -253,12 +332,15 @@ class AlignTrainer:
                    "elapsed_s": round(self.elapsed_s, 2), **log}
             self.history.append(log)
             self.epoch += 1
-            self._write_log(log)
-            self.save_state()
-            self.plot_curve()
+            if self.processes.is_main:
+                self._write_log(log)
+                self.save_state()
+                self.plot_curve()
         self.reward_worker.close()
-        self.save_grid(self.out_dir / "samples_after.png")
-        self.export(self.out_dir / "dalle_aligned.pt")
+        if self.processes.is_main:
+            self.save_grid(self.out_dir / "samples_after.png")
+            self.export(self.out_dir / "dalle_aligned.pt")
+        self.processes.barrier()
         return self.history
 
     def _write_log(self, log: dict) -> None:
@@ -293,6 +375,7 @@ class AlignTrainer:
             "rng": capture_rng(),
             "generator": self.generator.get_state(),
             "extra": self.extra_state_dict(),
+            "step_size": self.step_size,  # samples per optimizer step, all processes together
         }
         if self.deepspeed is not None:  # DeepSpeed's own engine files (optimizer partitions), packed as bytes
             state["deepspeed"] = self.deepspeed.save_to_checkpoint(self.out_dir)["deepspeed"]
@@ -305,6 +388,10 @@ class AlignTrainer:
         if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
             raise ValueError(f"{path} is not an alignment state file; remove it or choose another --out_dir")
         saved = from_dict(state["config"])
+        if state.get("step_size", self.step_size) != self.step_size:
+            raise ValueError(f"{path} was written by a run with {state['step_size']} samples per optimizer step "
+                             f"(train_batch_size x processes x gradient_accumulation_steps), this run has "
+                             f"{self.step_size}; resume with the same product, or use another --out_dir")
         for name in ("method", "reward", "lora_rank"):
             if getattr(saved, name) != getattr(self.config, name):
                 raise ValueError(f"{path} was written by a run with {name}={getattr(saved, name)!r}, this run has "

@@ -5,7 +5,8 @@ Three code paths compute the same function:
 - the explicit path forms the score matrix itself. It runs when `stable=True` (PB-relax needs to act between the
   score matmul and the softmax, which SDPA does not expose) or when the caller asks for the attention weights
   (attention heatmaps);
-- full-sequence bfloat16 on the CPU (autocast training) uses plain bf16 matmuls, faster there than SDPA's kernel.
+- bfloat16 on the CPU (autocast training and generation) uses plain bf16 matmuls, faster there than SDPA's kernel,
+  for the full sequence and the cached steps alike, so all three bf16 paths agree bit for bit.
 """
 from __future__ import annotations
 
@@ -126,10 +127,12 @@ class Attention(nn.Module):
             out, weights = self._explicit_attention(q, k, v, start)
         else:
             dropout_p = self.dropout if self.training else 0.0
-            if n == 1:  # one new query sees every cached position: no mask at all
+            if q.dtype == torch.bfloat16 and q.device.type == "cpu":
+                # one kernel for every bf16 CPU call (full sequence, cached prefix, one cached step), so cached
+                # generation, uncached generation and a teacher-forced pass give bit-identical logits
+                out = _cpu_bf16_causal_attention(q, k, v, dropout_p, start)
+            elif n == 1:  # one new query sees every cached position: no mask at all
                 out = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p)
-            elif start == 0 and q.dtype == torch.bfloat16 and q.device.type == "cpu":
-                out = _cpu_bf16_causal_attention(q, k, v, dropout_p)
             elif start == 0:  # whole sequence (training, or the prompt in generation)
                 out = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True)
             else:  # several new tokens after a cached prefix: the causal mask is offset by `start`
@@ -160,7 +163,7 @@ class Attention(nn.Module):
         return weights @ v, weights
 
 
-def _cpu_bf16_causal_attention(q, k, v, dropout_p: float):
+def _cpu_bf16_causal_attention(q, k, v, dropout_p: float, start: int = 0):
     """Causal attention in bfloat16 on the CPU, for the full-sequence pass (training) under bf16 autocast.
 
     On this project's CPUs the fused SDPA kernel is slow in bfloat16 (its backward especially): measured at the
@@ -168,12 +171,15 @@ def _cpu_bf16_causal_attention(q, k, v, dropout_p: float):
     the plain matmuls win in bfloat16 while SDPA wins in float32. The scores are rounded to bfloat16 (the
     matmuls accumulate in float32), as in any explicit bf16 attention; the softmax kernel accumulates in float32.
     Autocast is paused so the softmax is not promoted to float32 (which would cost the gain back).
+    `start` > 0: the queries are positions start.. after a cached prefix (generation); the same arithmetic as the
+    full pass, so a position's output does not depend on which path computed it (tested bit for bit).
     """
-    n = q.shape[2]
-    mask = torch.ones(n, n, dtype=torch.bool, device=q.device).triu_(1)
+    n, total = q.shape[2], k.shape[2]
     with torch.autocast("cpu", enabled=False):
         scores = (q * q.shape[-1] ** -0.5) @ k.transpose(-1, -2)
-        weights = scores.masked_fill_(mask, float("-inf")).softmax(dim=-1)
+        if n > 1 or total != start + n:
+            scores = scores.masked_fill_(~_causal_mask(n, total, start, q.device), float("-inf"))
+        weights = scores.softmax(dim=-1)
         if dropout_p > 0:
             weights = F.dropout(weights, p=dropout_p)
         return weights @ v
