@@ -204,3 +204,18 @@ def test_shipped_clip_scores_a_matching_caption_above_a_shuffled_one():
     shuffled = reward(images, captions[1:] + captions[:1])
     assert matched.mean() > shuffled.mean() + 0.2
     assert (matched > shuffled).float().mean() > 0.8
+
+
+def test_clip_parity_report_matches_the_scorer_in_each_mode(tiny_dir, tmp_path):
+    from dalle_lab.precision.clip_parity import clip_parity, main as parity_main
+
+    scorer = ClipScorer(tiny_dir)
+    images, captions = shapes_images(6)
+    report = clip_parity(scorer, images, captions, modes=["bf16", "tpu_default"], batch_size=4)
+    torch.testing.assert_close(torch.tensor(report["fp32_scores"]).float(), scorer(images, captions))
+    bf16 = scorer(images, captions, precision="bf16")
+    torch.testing.assert_close(torch.tensor(report["modes"]["bf16"]["per_image"]["score"]).float(), bf16)
+    assert len(report["modes"]["tpu_default"]["per_layer_cosine_mean"]) == TINY.vision_layers + 1
+    assert 0.9 < report["modes"]["tpu_default"]["image_cosine_min"] <= 1 + 1e-9
+    parity_main(["--clip_path", str(tiny_dir), "--n", "8", "--modes", "bf16", "--out", str(tmp_path / "p")])
+    assert {p.name for p in (tmp_path / "p").iterdir()} == {"parity.json", "parity.md", "parity.png"}
