@@ -54,8 +54,11 @@ class ClipArchitecture:
     context_length: int = 16  # text positions: the longest Shapes caption is 12 tokens, plus end-of-text
 
 
-def clip_config(arch: ClipArchitecture, vocab_size: int):
-    """transformers CLIPConfig for `arch` with the project's token ids (pad 0, bos 2, eos 3; dalle_lab.tokenizers)."""
+def clip_config(arch: ClipArchitecture, vocab_size: int, vision_init_factor: float = 1.0):
+    """transformers CLIPConfig for `arch` with the project's token ids (pad 0, bos 2, eos 3; dalle_lab.tokenizers).
+
+    `vision_init_factor` scales the image tower's random initialisation (transformers' `initializer_factor`).
+    """
     from transformers import CLIPConfig
 
     from dalle_lab.tokenizers.base import BOS_ID, EOS_ID, PAD_ID
@@ -68,17 +71,18 @@ def clip_config(arch: ClipArchitecture, vocab_size: int):
                 eos_token_id=EOS_ID, projection_dim=arch.embed_dim)
     vision = dict(hidden_size=arch.vision_width, intermediate_size=arch.mlp_ratio * arch.vision_width,
                   num_hidden_layers=arch.vision_layers, num_attention_heads=arch.vision_heads,
-                  image_size=arch.image_size, patch_size=arch.patch_size, projection_dim=arch.embed_dim)
+                  image_size=arch.image_size, patch_size=arch.patch_size, projection_dim=arch.embed_dim,
+                  initializer_factor=float(vision_init_factor))
     return CLIPConfig(text_config=text, vision_config=vision, projection_dim=arch.embed_dim)
 
 
-def new_clip(arch: ClipArchitecture, vocab_size: int, seed: int = 0):
+def new_clip(arch: ClipArchitecture, vocab_size: int, seed: int = 0, vision_init_factor: float = 1.0):
     """A randomly initialised CLIPModel of this shape (seeded, without touching the global RNG)."""
     from transformers import CLIPModel
 
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        return CLIPModel(clip_config(arch, vocab_size))
+        return CLIPModel(clip_config(arch, vocab_size, vision_init_factor))
 
 
 def caption_ids(tokenizer, captions: Sequence[str], context_length: int) -> tuple[torch.Tensor, torch.Tensor]:

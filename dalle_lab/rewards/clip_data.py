@@ -52,23 +52,29 @@ def variants(spec: SceneSpec, attribute: str) -> list[SceneSpec]:
 
 
 def hard_negative(spec: SceneSpec, rng: np.random.Generator) -> str:
-    """A training caption that differs from `spec` in one attribute (a random one), for the contrastive loss."""
-    candidates = [v for attribute in attributes_of(spec) for v in variants(spec, attribute) if split_of(v) == "train"]
-    return describe(candidates[int(rng.integers(len(candidates)))])
+    """A training caption that differs from `spec` in one attribute, for the contrastive loss.
+
+    The attribute is drawn uniformly (then a variant of it), so relation gets as many negatives as colour although it
+    has fewer variants: place and relation are what in-batch negatives almost never test.
+    """
+    for attribute in rng.permutation(attributes_of(spec)):
+        candidates = [v for v in variants(spec, str(attribute)) if split_of(v) == "train"]
+        if candidates:
+            return describe(candidates[int(rng.integers(len(candidates)))])
+    raise ValueError(f"no training caption differs from {describe(spec)!r} in one attribute")
 
 
-def training_batch(step: int, batch_size: int, seed: int, image_size: int = 32, hard_negatives: bool = True):
-    """Batch `step` of the training stream: (images (B,3,H,W), captions, negative captions or None). Deterministic."""
+def training_batch(step: int, batch_size: int, seed: int, image_size: int = 32, hard_negatives: int = 1):
+    """Batch `step` of the training stream: (images (B,3,H,W), captions, `hard_negatives` x B negative captions, the
+    k-th block of B holding one per image). Deterministic."""
     dataset = ShapesDataset("train", _STREAM_LENGTH, image_size=image_size, seed=seed)
     start = step * batch_size
     if start + batch_size > _STREAM_LENGTH:
         raise ValueError(f"step {step} x batch {batch_size} runs past the training stream")
     scenes = [dataset.scene(i) for i in range(start, start + batch_size)]
     images, captions = dataset.batch(range(start, start + batch_size))
-    negatives = None
-    if hard_negatives:
-        rng = np.random.default_rng((seed, 7, step))
-        negatives = [hard_negative(scene.spec, rng) for scene in scenes]
+    rng = np.random.default_rng((seed, 7, step))
+    negatives = [hard_negative(scene.spec, rng) for _ in range(hard_negatives) for scene in scenes]
     return images, captions, negatives
 
 

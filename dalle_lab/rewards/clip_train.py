@@ -38,14 +38,21 @@ class ClipTrainConfig:
     weight_decay: float = 0.05
     warmup_steps: int = 60
     seed: int = 0
-    hard_negatives: bool = True  # one one-attribute-changed caption per image among the image's candidates
+    hard_negatives: int = 1  # one-attribute-changed captions per image among the image's candidates
     augment: bool = True  # blur and noise, as a decoded VQGAN image has them
+    # transformers initialises position embeddings at std 0.02, a tenth of a patch embedding's size, and a Shapes
+    # CLIP trained from there never learned where objects are (place and relation at chance); starting them as large
+    # as the patch content makes position visible from the first step
+    position_init_std: float = 0.3
+    vision_init_factor: float = 1.0  # transformers' initializer_factor for the image tower: larger, sharper attention
     eval_pairs: int = 100
     threads: int = 1  # on a loaded 2-core machine one thread ran a step 4x faster than two
 
     def __post_init__(self):
         if isinstance(self.arch, dict):
             self.arch = ClipArchitecture(**self.arch)
+        if self.hard_negatives < 0:
+            raise ValueError(f"--hard_negatives must be >= 0, got {self.hard_negatives}")
         for name in ("steps", "batch_size", "eval_pairs", "threads"):
             if getattr(self, name) < 1:
                 raise ValueError(f"--{name} must be at least 1, got {getattr(self, name)}")
@@ -56,7 +63,7 @@ class ClipTrainConfig:
 def contrastive_loss(image, text, negatives, logit_scale, captions):
     """CLIP's symmetric cross-entropy on unit embeddings; pairs with the same caption are not each other's negatives.
 
-    `negatives` (B, D) or None: extra captions each image must rank below its own (the text side is unchanged).
+    `negatives` (K*B, D) or None: extra captions each image must rank below its own (the text side is unchanged).
     """
     same = torch.tensor([[a == b for b in captions] for a in captions])
     same.fill_diagonal_(False)
@@ -84,7 +91,10 @@ def train_clip(config: ClipTrainConfig, bpe_path=None, log=print):
     torch.manual_seed(config.seed)
     tokenizer = get_tokenizer(bpe_path)
     arch = config.arch
-    model = new_clip(arch, tokenizer.vocab_size, seed=config.seed)
+    model = new_clip(arch, tokenizer.vocab_size, seed=config.seed, vision_init_factor=config.vision_init_factor)
+    with torch.no_grad():
+        position = model.vision_model.embeddings.position_embedding.weight
+        position.normal_(0.0, config.position_init_std, generator=torch.Generator().manual_seed(config.seed))
     model.train()
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2 and "embedding" not in n]
     keep = [p for n, p in model.named_parameters() if not (p.dim() >= 2 and "embedding" not in n)]
