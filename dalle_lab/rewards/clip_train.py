@@ -40,11 +40,10 @@ class ClipTrainConfig:
     seed: int = 0
     hard_negatives: int = 1  # one-attribute-changed captions per image among the image's candidates
     augment: bool = True  # blur and noise, as a decoded VQGAN image has them
-    # transformers initialises position embeddings at std 0.02, a tenth of a patch embedding's size, and a Shapes
-    # CLIP trained from there never learned where objects are (place and relation at chance); starting them as large
-    # as the patch content makes position visible from the first step
-    position_init_std: float = 0.3
-    vision_init_factor: float = 1.0  # transformers' initializer_factor for the image tower: larger, sharper attention
+    # init scales, for experiments (docs/clip.md: neither taught the model where objects are in 250 steps):
+    # position embeddings' std (None: transformers' 0.02), transformers' initializer_factor for the image tower
+    position_init_std: float | None = None
+    vision_init_factor: float = 1.0
     eval_pairs: int = 100
     threads: int = 1  # on a loaded 2-core machine one thread ran a step 4x faster than two
 
@@ -92,9 +91,10 @@ def train_clip(config: ClipTrainConfig, bpe_path=None, log=print):
     tokenizer = get_tokenizer(bpe_path)
     arch = config.arch
     model = new_clip(arch, tokenizer.vocab_size, seed=config.seed, vision_init_factor=config.vision_init_factor)
-    with torch.no_grad():
-        position = model.vision_model.embeddings.position_embedding.weight
-        position.normal_(0.0, config.position_init_std, generator=torch.Generator().manual_seed(config.seed))
+    if config.position_init_std is not None:
+        with torch.no_grad():
+            position = model.vision_model.embeddings.position_embedding.weight
+            position.normal_(0.0, config.position_init_std, generator=torch.Generator().manual_seed(config.seed))
     model.train()
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2 and "embedding" not in n]
     keep = [p for n, p in model.named_parameters() if not (p.dim() >= 2 and "embedding" not in n)]
@@ -156,7 +156,7 @@ def build_parser() -> argparse.ArgumentParser:
             parser.add_argument(f"--{f.name}", type=lambda text: text.lower() in ("1", "true", "yes"), default=value,
                                 metavar="{true,false}")
         else:
-            parser.add_argument(f"--{f.name}", type=type(value), default=value)
+            parser.add_argument(f"--{f.name}", type=float if value is None else type(value), default=value)
     return parser
 
 
