@@ -43,6 +43,14 @@ def aesthetic_reward(clip_path: str, head_path: str | None = None, precision: st
     return aesthetic
 
 
+def clip_score_reward(clip_score_path: str | None = None, precision: str = "fp32", device=None) -> RewardFn:
+    """CLIPScore (2.5 * max(cos, 0)) of each image with its caption under a CLIP trained by this project
+    (dalle_lab.rewards.clip; default: the shipped Shapes CLIP, or $DALLE_LAB_CLIP_SCORE_PATH). Differentiable."""
+    from dalle_lab.rewards.clip import clip_score_reward as build
+
+    return build(clip_score_path, precision=precision, device=device)
+
+
 def is_differentiable(reward: RewardFn) -> bool:
     return bool(getattr(reward, "differentiable", False))
 
@@ -82,7 +90,8 @@ BUILTIN_REWARDS: dict[str, RewardFn] = {
 def get_reward(spec: str | RewardFn, **aesthetic_options) -> RewardFn:
     """A reward from a name or a weighted sum of names: "jpeg_compressibility", "shapes_faithfulness:2+brightness:1".
 
-    "aesthetic" needs `clip_path=` (and optionally `head_path=`, `precision=`) in `aesthetic_options`.
+    "aesthetic" needs `clip_path=` (and optionally `head_path=`, `precision=`) in `aesthetic_options`; "clip_score"
+    takes `clip_score_path=` (default: the shipped Shapes CLIP), `precision=` and `device=` from them.
     A callable passes through unchanged.
     """
     if callable(spec):
@@ -99,10 +108,14 @@ def get_reward(spec: str | RewardFn, **aesthetic_options) -> RewardFn:
                 raise ValueError("the aesthetic reward needs the local path of a CLIP ViT-L/14 model "
                                  "(--clip_path DIR, HuggingFace transformers format); nothing is downloaded")
             reward = aesthetic_reward(**aesthetic_options)
+        elif name == "clip_score":
+            reward = clip_score_reward(aesthetic_options.get("clip_score_path"),
+                                       precision=aesthetic_options.get("precision", "fp32"),
+                                       device=aesthetic_options.get("device"))
         elif name in BUILTIN_REWARDS:
             reward = BUILTIN_REWARDS[name]
         else:
-            known = ", ".join(sorted([*BUILTIN_REWARDS, "aesthetic"]))
+            known = ", ".join(sorted([*BUILTIN_REWARDS, "aesthetic", "clip_score"]))
             raise ValueError(f"unknown reward {name!r}; choose from {known} (or a weighted sum like a:1+b:0.5)")
         terms.append((reward, weight))
     if len(terms) == 1 and terms[0][1] == 1.0:
