@@ -30,7 +30,8 @@ def tiny_checkpoint(tmp_path_factory):
 
 
 TINY = ["--epochs", "1", "--prompts_per_epoch", "2", "--group_size", "2", "--sample_batch_size", "4",
-        "--train_batch_size", "4", "--threads", "1"]
+        "--train_batch_size", "4", "--threads", "1", "--eval_num_prompts", "3", "--eval_num_heldout", "2",
+        "--eval_loss_images", "4", "--eval_diversity_samples", "2"]
 
 
 @pytest.mark.parametrize("method,reward", [("policy_gradient", "jpeg_compressibility:1+shapes_faithfulness:0.5"),

@@ -146,7 +146,7 @@ class PolicyGradientTrainer(AlignTrainer):
                 loss = pg_loss
                 if self.has_reference:
                     kl = token_kl(model_full, batch["ref_logprobs"][index]).mean()
-                    loss = loss + cfg.kl_coef * kl
+                    loss = loss + self.kl.coef * kl  # fixed or adaptive (kl_control)
                     sums["kl_ref_token"].append(kl.item())
                 grad_norm = self.step(loss)
                 sums["loss"].append(loss.item())
