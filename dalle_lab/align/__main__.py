@@ -18,7 +18,7 @@ import sys
 from dataclasses import fields
 from pathlib import Path
 
-from dalle_lab.align.config import AlignConfig
+from dalle_lab.align.config import PRESETS, AlignConfig
 
 _HELP = {
     "method": "policy_gradient (PPO over image tokens, any reward) or reward_backprop (differentiable rewards)",
@@ -47,10 +47,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m dalle_lab.align", description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--dalle_path", required=True, help="a DALLE checkpoint (train_dalle.py's .pt)")
+    parser.add_argument("--preset", default=None, choices=sorted(PRESETS),
+                        help="named settings for a goal (AlignConfig PRESETS; explicit flags override them): "
+                             "faithfulness = GRPO on the Shapes checker, see docs/align.md")
     parser.add_argument("--prompts", default=None,
                         help="text file with one caption per line (default: Shapes training-split captions)")
-    parser.add_argument("--num_shapes_prompts", type=int, default=64,
-                        help="without --prompts: how many Shapes training captions to use")
+    parser.add_argument("--num_shapes_prompts", type=int, default=2000,
+                        help="without --prompts: how many Shapes training-split items' captions to use as RL prompts "
+                             "(many distinct prompts: the policy must learn the grammar, not a few captions)")
     parser.add_argument("--eval_prompts", default=None,
                         help="text file of captions scored during the run, never used as RL prompts (default: Shapes "
                              "validation captions and held-out compositions, when the RL prompts are Shapes captions)")
@@ -92,6 +96,9 @@ def main(argv=None) -> int:
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(argv)
+    if args.preset:  # the preset's values become the defaults, then the explicit flags are parsed again on top
+        parser.set_defaults(**PRESETS[args.preset])
+        args = parser.parse_args(argv)
     try:
         config = AlignConfig(**{f.name: getattr(args, f.name) for f in fields(AlignConfig)})
     except ValueError as err:  # a bad flag value: argparse's usage message and exit status 2

@@ -102,17 +102,19 @@ class RunEvaluator:
         return torch.cat(values).numpy()
 
     def score_set(self, trainer, name: str, prompts: list[str], seed: int) -> dict:
-        from dalle_lab.data.shapes import evaluate, is_shapes_caption
+        from dalle_lab.align.evaluate import mean_and_se
+        from dalle_lab.data.shapes import check, is_shapes_caption
 
         text, tokens, images = self.sample(trainer, prompts, seed)
         out = {}
         reward = trainer.reward
-        out["reward"] = float(torch.as_tensor(reward(images, prompts)).float().mean())
+        out["reward"], out["reward_se"] = mean_and_se(torch.as_tensor(reward(images, prompts)).float().cpu())
         for term, weight in getattr(reward, "terms", []):
             out[f"reward_{getattr(term, '__name__', 'term')}"] = float(torch.as_tensor(term(images, prompts)).float().mean())
-        if all(is_shapes_caption(p) for p in prompts):
-            scores = evaluate(images, prompts)
-            out["accuracy"], out["exact_match"] = float(scores["accuracy"]), float(scores["exact_match"])
+        if all(is_shapes_caption(p) for p in prompts):  # the checker, image by image (standard errors)
+            checks = [check(image, caption) for image, caption in zip(images, prompts)]
+            out["accuracy"], out["accuracy_se"] = mean_and_se([c.accuracy for c in checks])
+            out["exact_match"], out["exact_match_se"] = mean_and_se([float(c.exact) for c in checks])
         if trainer.reference is not None or trainer.lora_modules:
             out["kl_ref_image"] = float(self.kl_per_image(trainer, text, tokens).mean())
         return {f"eval_{name}_{key}": value for key, value in out.items()}
@@ -170,7 +172,8 @@ def write_results(path, trainer, argv: Sequence[str] | None, stop_reason: str, w
         "cpu_count": os.cpu_count(),
         "load_average_end": os.getloadavg(),
         "epochs": trainer.epoch, "images_sampled": trainer.images_sampled,
-        "train_s": round(trainer.elapsed_s, 2), "wall_s": round(wall_s, 2), "stop_reason": stop_reason,
+        "train_s": round(trainer.elapsed_s, 2), "train_cpu_s": round(trainer.cpu_s, 2), "wall_s": round(wall_s, 2),
+        "stop_reason": stop_reason,
         "eval_sets": {name: len(prompts) for name, prompts in trainer.evaluator.eval_sets.items()},
         "eval_sampling": vars(trainer.evaluator.sampling),
         "start": evals[0] if evals else None, "final": evals[-1] if evals else None, "evals": evals,

@@ -69,7 +69,8 @@ def plot_eval_curves(rows: Sequence[dict], path, title: str = "evaluation") -> P
     import matplotlib.pyplot as plt
 
     series: dict[str, dict[str, list]] = {}
-    for key in dict.fromkeys(k for row in rows for k in row if k.startswith("eval_") and k != "eval_s"):
+    for key in dict.fromkeys(k for row in rows for k in row if k.startswith("eval_") and k != "eval_s"
+                                   and not k.endswith("_se")):
         parts = key[5:].split("_", 1)
         measure, label = (parts[1], parts[0]) if len(parts) == 2 and parts[0] in ("val", "heldout", "prompts") \
             else (key[5:], "")

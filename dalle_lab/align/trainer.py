@@ -87,6 +87,7 @@ class AlignTrainer:
         self.epoch = 0
         self.images_sampled = 0
         self.elapsed_s = 0.0
+        self.cpu_s = 0.0
         self._last_epoch_s = 0.0  # duration of the latest epoch: the time-budget check's estimate of the next one
         self.history: list[dict] = []
         self._build_extra_state()
@@ -266,7 +267,8 @@ class AlignTrainer:
         self.eval_history.append(row)
         with open(self.out_dir / "eval.jsonl", "a", encoding="utf-8") as handle:
             handle.write(json.dumps(row) + "\n")
-        shown = [f"{k[5:]} {v:.4g}" for k, v in row.items() if k.startswith("eval_") and k != "eval_s"]
+        shown = [f"{k[5:]} {v:.4g}" for k, v in row.items()
+                 if k.startswith("eval_") and k != "eval_s" and not k.endswith("_se")]
         self.log_fn(f"[align] eval after {self.epoch} epochs ({row['eval_s']:.0f}s): " + ", ".join(shown))
         return row
 
@@ -285,14 +287,15 @@ class AlignTrainer:
         if self.evaluator.active and not self.eval_history:
             self.evaluate_now()
         while (reason := self.stop_reason()) is None:
-            start = time.perf_counter()
+            start, cpu_start = time.perf_counter(), time.process_time()
             prompts = self.epoch_prompts(self.epoch)
             log = self.train_epoch(prompts)
             self._last_epoch_s = time.perf_counter() - start
             self.elapsed_s += self._last_epoch_s
+            self.cpu_s += time.process_time() - cpu_start  # load-independent cost (all threads of this process)
             self.images_sampled += len(prompts)
             log = {"epoch": self.epoch, "images_sampled": self.images_sampled,
-                   "elapsed_s": round(self.elapsed_s, 2), **log}
+                   "elapsed_s": round(self.elapsed_s, 2), "cpu_s": round(self.cpu_s, 2), **log}
             if self.has_reference:  # the coefficient this epoch used, then the controller's next one
                 log["kl_coef"] = self.kl.coef
                 self.kl.update(log.get("kl_ref_image", float("nan")), len(prompts))
@@ -345,6 +348,7 @@ class AlignTrainer:
             "epoch": self.epoch,
             "images_sampled": self.images_sampled,
             "elapsed_s": self.elapsed_s,
+            "cpu_s": self.cpu_s,
             "history": self.history,
             "eval_history": self.eval_history,
             "kl_controller": self.kl.state_dict(),
@@ -384,6 +388,7 @@ class AlignTrainer:
         self.epoch, self.images_sampled = state["epoch"], state["images_sampled"]
         self.elapsed_s, self.history = state["elapsed_s"], list(state["history"])
         self.eval_history = list(state.get("eval_history", []))
+        self.cpu_s = float(state.get("cpu_s", 0.0))
         if "kl_controller" in state:
             self.kl.load_state_dict(state["kl_controller"])
         restore_rng(state["rng"])
