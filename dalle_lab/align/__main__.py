@@ -21,7 +21,8 @@ from pathlib import Path
 from dalle_lab.align.config import PRESETS, AlignConfig
 
 _HELP = {
-    "method": "policy_gradient (PPO over image tokens, any reward) or reward_backprop (differentiable rewards)",
+    "method": "policy_gradient (PPO over image tokens, any reward), reward_backprop (differentiable rewards) or "
+              "best_of_n (cross-entropy on each group's best samples)",
     "reward": "a reward name or weighted sum, e.g. jpeg_compressibility or jpeg_compressibility:1+shapes_faithfulness:2",
     "time_budget_s": "seconds of fine-tuning: no epoch starts that would end past it (judged by the last epoch); "
                      "without --epochs the run goes on until it",
@@ -119,6 +120,8 @@ def main(argv=None) -> int:
                           "device": pick_device(args.device)}
         if config.method == "reward_backprop":
             from dalle_lab.align.reward_backprop import RewardBackpropTrainer as Trainer
+        elif config.method == "best_of_n":
+            from dalle_lab.align.best_of_n import BestOfNTrainer as Trainer
         else:
             from dalle_lab.align.policy_gradient import PolicyGradientTrainer as Trainer
         trainer = Trainer(dalle, tokenizer, config, prompts, args.out_dir, reward_options=reward_options,

@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass, fields
 
 from dalle_lab.training.generation import SamplingSettings
 
+METHODS = ("policy_gradient", "reward_backprop", "best_of_n")
 DEFAULT_EPOCHS = 20  # epochs of a run given neither --epochs nor --time_budget_s
 _GENERATE = SamplingSettings()  # generate.py's sampling: the RL sampler and the in-run evaluation default to it
 
@@ -18,7 +19,7 @@ _GENERATE = SamplingSettings()  # generate.py's sampling: the RL sampler and the
 class AlignConfig:
     """Everything both paths share, plus the knobs of each (unused ones are ignored by the other path)."""
 
-    method: str = "policy_gradient"  # or "reward_backprop"
+    method: str = "policy_gradient"  # or "reward_backprop", "best_of_n" (METHODS)
     reward: str = "jpeg_compressibility"  # a name or a weighted sum: "jpeg_compressibility:1+shapes_faithfulness:2"
     epochs: int | None = None  # None: until time_budget_s when one is given, else DEFAULT_EPOCHS
     prompts_per_epoch: int = 8
@@ -30,7 +31,7 @@ class AlignConfig:
     max_grad_norm: float = 1.0
     kl_coef: float = 0.01  # per-token KL penalty to the frozen starting model (the start value when kl_target is set)
     kl_target: float | None = None  # nats per image: adapt kl_coef so the KL to the start stays near it (kl_control)
-    kl_horizon: int = 512  # images: how fast the adaptive coefficient moves (Ziegler et al.'s horizon)
+    kl_horizon: int = 128  # images: the adaptive coefficient moves by at most 20 % per this many (Ziegler et al.)
     seed: int = 0
     time_budget_s: float | None = None  # seconds of fine-tuning; no epoch starts that is expected to end past it
     lora_rank: int = 0  # 0 = fine-tune every weight; >0 = train only LoRA adapters of this rank
@@ -74,8 +75,8 @@ class AlignConfig:
     reward_gap_warn: float = 0.1  # warn when the mean |score(precision) - score(fp32)| exceeds this
 
     def __post_init__(self):
-        if self.method not in ("policy_gradient", "reward_backprop"):
-            raise ValueError(f"method must be 'policy_gradient' or 'reward_backprop', not {self.method!r}")
+        if self.method not in METHODS:
+            raise ValueError(f"method must be one of {', '.join(METHODS)}, not {self.method!r}")
         if self.advantage not in ("per_prompt", "group"):
             raise ValueError(f"advantage must be 'per_prompt' or 'group', not {self.advantage!r}")
         if self.group_size < 2 and self.advantage == "group":
