@@ -4,7 +4,7 @@ Per epoch: sample a group of `group_size` images for each prompt with the config
 score them, keep each group's best samples (those scoring the group's maximum, when the group's scores differ:
 a group whose samples all score the same says nothing about what to change), and train the model's plain
 conditional distribution on the kept token sequences by cross-entropy (teacher forcing), plus the per-token KL to
-the starting model.
+the starting model of both the conditional and the unconditional (all-pad caption) distributions.
 
 Why beside the policy gradient: every token of an image shares one reward, and most of an image's tokens are
 background cells for which the VQGAN has many near-equivalent codes, so a token-level policy gradient spends most of
@@ -53,7 +53,7 @@ class BestOfNTrainer(AlignTrainer):
         rewards = torch.cat([future.result().float().cpu().reshape(-1) for future in futures])
         text, tokens = torch.cat(texts), torch.cat(tokens)
         keep = torch.as_tensor(select_best(prompts, rewards.numpy()))
-        sums: dict[str, list[float]] = {"loss": [], "nll": [], "kl_ref_token": [], "grad_norm": []}
+        sums: dict[str, list[float]] = {"loss": [], "nll": [], "kl_ref_token": [], "kl_null_token": [], "grad_norm": []}
         if len(keep):
             for _ in range(cfg.inner_epochs):
                 order = keep[torch.randperm(len(keep), generator=self.generator)]
@@ -64,8 +64,14 @@ class BestOfNTrainer(AlignTrainer):
                     loss = nll
                     if self.has_reference:
                         kl = token_kl(logprobs, self.reference_logprobs(t, k)).mean()
-                        loss = loss + self.kl.coef * kl
+                        # the unconditional branch shares every weight but sees no loss of its own: without this
+                        # term it drifts, and guided sampling (null + s (cond - null)) drifts with it
+                        null = self.dalle.null_text(t)
+                        null_logprobs = F.log_softmax(self.dalle.logits(null, k).float(), dim=-1)
+                        kl_null = token_kl(null_logprobs, self.reference_logprobs(null, k)).mean()
+                        loss = loss + self.kl.coef * (kl + kl_null)
                         sums["kl_ref_token"].append(kl.item())
+                        sums["kl_null_token"].append(kl_null.item())
                     sums["grad_norm"].append(self.step(loss))
                     sums["loss"].append(loss.item())
                     sums["nll"].append(nll.item())

@@ -49,8 +49,8 @@ class AlignConfig:
     # evaluation inside the run (dalle_lab.align.in_run_eval): every eval_every epochs (0 = only before and after),
     # fresh samples with generate.py's sampling for unseen captions, scored by the reward and the Shapes checker
     eval_every: int = 10
-    eval_num_prompts: int = 32  # validation captions (never RL prompts) when no eval prompt file is given
-    eval_num_heldout: int = 32  # Shapes held-out compositions (colour-shape pairs never trained on); 0 = none
+    eval_num_prompts: int = 64  # validation captions (never RL prompts) when no eval prompt file is given
+    eval_num_heldout: int = 64  # Shapes held-out compositions (colour-shape pairs never trained on); 0 = none
     eval_loss_images: int = 64  # real validation images for the image loss (forgetting); 0 = skip
     eval_diversity_samples: int = 8  # samples of one caption for the diversity measures; 0 = skip
     eval_temperature: float = _GENERATE.temperature
