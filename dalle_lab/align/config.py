@@ -136,7 +136,7 @@ PRESETS: dict[str, dict] = {
     # log-probs never differ by a top-k boundary flip; one update pass per batch (the samples are fresh each
     # epoch and a second pass mostly re-fits noise)
     "faithfulness": dict(reward="shapes_faithfulness:1+shapes_exact:1", advantage="group", group_size=8,
-                         prompts_per_epoch=8, sample_batch_size=32, train_batch_size=32, inner_epochs=1, lr=1e-4,
+                         prompts_per_epoch=8, sample_batch_size=32, train_batch_size=32, inner_epochs=1, lr=3e-5,
                          kl_coef=0.02, temperature=0.7, top_k=None, cond_scale=2.0),
 }
 
