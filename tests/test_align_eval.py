@@ -79,6 +79,9 @@ def test_in_run_eval_logs_each_weighted_sum_term_and_writes_the_results_file(tok
     assert rows[-1]["eval_val_kl_ref_image"] > 0
     log = [json.loads(line) for line in (tmp_path / "log.jsonl").read_text().splitlines()]
     assert log[-1]["eval_heldout_reward"] == rows[-1]["eval_heldout_reward"]  # merged into the epoch's log line
+    for row in log:  # the training epochs log each term too, and the terms add up to the epoch's reward
+        total = 2 * row["reward_brightness"] + 0.5 * row["reward_negative_total_variation"]
+        assert row["reward_mean"] == pytest.approx(total, rel=1e-5)
     results = json.loads((tmp_path / "results.json").read_text())
     assert results["start"] == rows[0] and results["final"] == rows[-1]
     assert results["command"][-1] == "brightness:2+negative_total_variation:0.5"

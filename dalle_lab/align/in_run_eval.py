@@ -65,6 +65,33 @@ def diversity(tokens: torch.Tensor, images: torch.Tensor) -> dict:
     return {"diversity_distinct": distinct, "diversity_pixel": pairwise}
 
 
+class TermRecorder:
+    """Wraps a weighted-sum reward for the reward worker: returns the same total and keeps each term's scores, so a
+    training epoch can log every term's mean (`reward_<term>`) without scoring twice."""
+
+    def __init__(self, reward):
+        self.reward, self.terms = reward, list(reward.terms)
+        self._scores: dict[str, list[torch.Tensor]] = {}
+        import threading
+
+        self._lock = threading.Lock()  # the worker thread records while the trainer may pop
+
+    def __call__(self, images, prompts=None):
+        total = None
+        for term, weight in self.terms:
+            value = torch.as_tensor(term(images, prompts)).float()
+            with self._lock:
+                self._scores.setdefault(f"reward_{getattr(term, '__name__', 'term')}", []).append(
+                    value.detach().cpu().reshape(-1))
+            total = weight * value if total is None else total + weight * value
+        return total
+
+    def pop_means(self) -> dict:
+        with self._lock:
+            scores, self._scores = self._scores, {}
+        return {name: float(torch.cat(values).mean()) for name, values in scores.items()}
+
+
 class RunEvaluator:
     """Scores a trainer's current model on fixed evaluation sets -> a flat dict of numbers (`eval_<set>_<name>`)."""
 

@@ -71,7 +71,11 @@ class AlignTrainer:
             self.reward_options["precision"] = config.reward_precision
         self.reward = reward if reward is not None else get_reward(config.reward, **self.reward_options)
         self._check_reward_precision()
-        self.reward_worker = RewardWorker(self.reward)
+        # a weighted sum's terms are logged one by one (issue 13 hook: in_run_eval.TermRecorder)
+        from dalle_lab.align.in_run_eval import TermRecorder
+
+        self.term_recorder = TermRecorder(self.reward) if getattr(self.reward, "terms", None) else None
+        self.reward_worker = RewardWorker(self.term_recorder or self.reward)
 
         self.lora_modules = []
         if config.lora_rank > 0:
@@ -290,6 +294,8 @@ class AlignTrainer:
             start, cpu_start = time.perf_counter(), time.process_time()
             prompts = self.epoch_prompts(self.epoch)
             log = self.train_epoch(prompts)
+            if self.term_recorder is not None:
+                log.update(self.term_recorder.pop_means())
             self._last_epoch_s = time.perf_counter() - start
             self.elapsed_s += self._last_epoch_s
             self.cpu_s += time.process_time() - cpu_start  # load-independent cost (all threads of this process)
