@@ -30,7 +30,8 @@ def tiny_checkpoint(tmp_path_factory):
 
 
 TINY = ["--epochs", "1", "--prompts_per_epoch", "2", "--group_size", "2", "--sample_batch_size", "4",
-        "--train_batch_size", "4", "--threads", "1"]
+        "--train_batch_size", "4", "--threads", "1", "--eval_num_prompts", "3", "--eval_num_heldout", "2",
+        "--eval_loss_images", "4", "--eval_diversity_samples", "2"]
 
 
 @pytest.mark.parametrize("method,reward", [("policy_gradient", "jpeg_compressibility:1+shapes_faithfulness:0.5"),
@@ -48,7 +49,10 @@ def test_cli_runs_resumes_and_exports(tiny_checkpoint, tmp_path, method, reward,
     assert [row["epoch"] for row in rows] == [0, 1] and rows[-1]["images_sampled"] == 8
     dalle, _, _ = load_dalle(tmp_path / "dalle_aligned.pt")
     assert dalle.config.dim == 32
-    for name in ("reward_curve.png", "samples_before.png", "samples_after.png"):
+    results = json.loads((tmp_path / "results.json").read_text())  # the in-run evaluation's results file
+    assert results["command"][-len(TINY):] == [*TINY[:1], "2", *TINY[2:]] and results["epochs"] == 2
+    assert results["stop_reason"] == "epochs: 2 of --epochs 2" and "eval_val_accuracy" in results["final"]
+    for name in ("reward_curve.png", "samples_before.png", "samples_after.png", "eval_curve.png"):
         assert (tmp_path / name).stat().st_size > 0
 
 

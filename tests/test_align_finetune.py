@@ -53,12 +53,15 @@ def tiny_dalle(tokenizer, seed=0):
 PROMPTS = validation_captions(4)
 
 
-def make_trainer(tokenizer, tmp_path, cls=PolicyGradientTrainer, reward=brightness, **overrides):
+def make_trainer(tokenizer, tmp_path, cls=PolicyGradientTrainer, reward=brightness, eval_sets=None, **overrides):
     settings = dict(epochs=1, prompts_per_epoch=2, group_size=3, sample_batch_size=4, train_batch_size=3,
-                    inner_epochs=2, lr=1e-3, stat_min_count=2, seed=0)
+                    inner_epochs=2, lr=1e-3, stat_min_count=2, seed=0,
+                    temperature=1.0, top_k=None, cond_scale=1.0,  # the model's own distribution, whatever the defaults
+                    eval_num_prompts=0, eval_num_heldout=0)  # no in-run evaluation (tests/test_align_eval.py has it)
     settings.update(overrides)
     config = AlignConfig(**settings)
-    return cls(tiny_dalle(tokenizer), tokenizer, config, PROMPTS, tmp_path, reward=reward, log_fn=lambda _: None)
+    return cls(tiny_dalle(tokenizer), tokenizer, config, PROMPTS, tmp_path, reward=reward, log_fn=lambda _: None,
+               eval_sets=eval_sets)
 
 
 @pytest.mark.parametrize("sampling", [dict(), dict(temperature=0.7, top_k=6, cond_scale=2.0),

@@ -18,12 +18,18 @@ import sys
 from dataclasses import fields
 from pathlib import Path
 
-from dalle_lab.align.config import AlignConfig
+from dalle_lab.align.config import PRESETS, AlignConfig
 
 _HELP = {
-    "method": "policy_gradient (PPO over image tokens, any reward) or reward_backprop (differentiable rewards)",
+    "method": "policy_gradient (PPO over image tokens, any reward), reward_backprop (differentiable rewards) or "
+              "best_of_n (cross-entropy on each group's best samples)",
     "reward": "a reward name or weighted sum, e.g. jpeg_compressibility or jpeg_compressibility:1+shapes_faithfulness:2",
-    "time_budget_s": "seconds of fine-tuning: no epoch starts that would end past it (judged by the last epoch)",
+    "time_budget_s": "seconds of fine-tuning: no epoch starts that would end past it (judged by the last epoch); "
+                     "without --epochs the run goes on until it",
+    "epochs": "epochs of fine-tuning (default: until --time_budget_s, or 20 without one); with both, whichever "
+              "ends first ends the run, and the log says which",
+    "kl_target": "adaptive KL: nats per image to hold the KL to the starting model near (kl_coef is its start)",
+    "eval_every": "evaluate on the eval prompts every N epochs (0: only before and after)",
     "lora_rank": "0 fine-tunes every weight; >0 trains only LoRA adapters of this rank",
     "advantage": "per_prompt (DDPO's running per-prompt statistics) or group (GRPO normalisation within the epoch)",
     "backprop_last_k": "reward_backprop: the gradient reaches the model through the last K image tokens",
@@ -42,10 +48,17 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m dalle_lab.align", description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--dalle_path", required=True, help="a DALLE checkpoint (train_dalle.py's .pt)")
+    parser.add_argument("--preset", default=None, choices=sorted(PRESETS),
+                        help="named settings for a goal (AlignConfig PRESETS; explicit flags override them): "
+                             "faithfulness = GRPO on the Shapes checker, see docs/align.md")
     parser.add_argument("--prompts", default=None,
                         help="text file with one caption per line (default: Shapes training-split captions)")
-    parser.add_argument("--num_shapes_prompts", type=int, default=64,
-                        help="without --prompts: how many Shapes training captions to use")
+    parser.add_argument("--num_shapes_prompts", type=int, default=2000,
+                        help="without --prompts: how many Shapes training-split items' captions to use as RL prompts "
+                             "(many distinct prompts: the policy must learn the grammar, not a few captions)")
+    parser.add_argument("--eval_prompts", default=None,
+                        help="text file of captions scored during the run, never used as RL prompts (default: Shapes "
+                             "validation captions and held-out compositions, when the RL prompts are Shapes captions)")
     parser.add_argument("--out_dir", default="runs/align", help="logs, plots, resumable state, dalle_aligned.pt")
     parser.add_argument("--device", default="auto")
     parser.add_argument("--no_resume", action="store_true", help="start afresh even if out_dir holds a state file")
@@ -63,22 +76,30 @@ def build_parser() -> argparse.ArgumentParser:
 
 def read_prompts(args) -> list[str]:
     if args.prompts:
-        path = Path(args.prompts)
-        if not path.is_file():
-            raise FileNotFoundError(f"--prompts {path}: no such file (give a text file with one caption per line)")
-        prompts = [line.strip() for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
-        if not prompts:
-            raise ValueError(f"--prompts {path} holds no captions (one caption per line expected)")
-        return prompts
+        return read_caption_file(args.prompts, "--prompts")
     from dalle_lab.data.shapes import ShapesDataset
 
     dataset = ShapesDataset("train", length=args.num_shapes_prompts, seed=0)
     return [dataset.caption(i) for i in range(len(dataset))]
 
 
+def read_caption_file(path_text: str, flag: str) -> list[str]:
+    path = Path(path_text)
+    if not path.is_file():
+        raise FileNotFoundError(f"{flag} {path}: no such file (give a text file with one caption per line)")
+    captions = [line.strip() for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    if not captions:
+        raise ValueError(f"{flag} {path} holds no captions (one caption per line expected)")
+    return captions
+
+
 def main(argv=None) -> int:
     parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(argv)
+    if args.preset:  # the preset's values become the defaults, then the explicit flags are parsed again on top
+        parser.set_defaults(**PRESETS[args.preset])
+        args = parser.parse_args(argv)
     try:
         config = AlignConfig(**{f.name: getattr(args, f.name) for f in fields(AlignConfig)})
     except ValueError as err:  # a bad flag value: argparse's usage message and exit status 2
@@ -94,16 +115,19 @@ def main(argv=None) -> int:
         torch.set_num_threads(args.threads)
     try:
         prompts = read_prompts(args)
+        eval_sets = {"prompts": read_caption_file(args.eval_prompts, "--eval_prompts")} if args.eval_prompts else None
         dalle, tokenizer, _ = load_dalle(args.dalle_path, pick_device(args.device))
         warn_unknown_words(tokenizer, prompts, "python -m dalle_lab.align")  # named; the run goes on
         reward_options = {"clip_path": args.clip_path, "head_path": args.aesthetic_head_path,
                           "device": pick_device(args.device)}
         if config.method == "reward_backprop":
             from dalle_lab.align.reward_backprop import RewardBackpropTrainer as Trainer
+        elif config.method == "best_of_n":
+            from dalle_lab.align.best_of_n import BestOfNTrainer as Trainer
         else:
             from dalle_lab.align.policy_gradient import PolicyGradientTrainer as Trainer
         trainer = Trainer(dalle, tokenizer, config, prompts, args.out_dir, reward_options=reward_options,
-                          resume=not args.no_resume)
+                          resume=not args.no_resume, eval_sets=eval_sets, argv=argv)
         history = trainer.train()
     except (CheckpointError, FileNotFoundError, ValueError) as err:
         print(f"python -m dalle_lab.align: error: {err}", file=sys.stderr)

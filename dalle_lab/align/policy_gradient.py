@@ -159,7 +159,7 @@ class PolicyGradientTrainer(AlignTrainer):
         if self.has_reference:
             reference = self.kl_reference_logprobs(text, tokens, support)
             kl = token_kl(self.kl_policy_logprobs(processed, model_full), reference).mean()
-            loss = loss + cfg.kl_coef * kl
+            loss = loss + self.kl.coef * kl  # fixed or adaptive (kl_control)
             sums["kl_ref_token"] = kl.item() * n
         sums["loss"] = loss.item() * n
         first_ratio = (sampled.detach() - old).abs().max().item()

@@ -185,7 +185,7 @@ class RewardBackpropTrainer(AlignTrainer):
             with torch.no_grad():
                 stats["kl_ref_token"] = token_kl(policy, reference).mean().item()
             if kl_tail.numel():
-                loss = loss + cfg.kl_coef * kl_tail.mean()
+                loss = loss + self.kl.coef * kl_tail.mean()
         return loss, rewards.detach(), images.detach(), stats
 
     def train_epoch(self, prompts: list[str]) -> dict:

@@ -8,6 +8,7 @@ Files written under `out_dir`:
     reward_curve.png        reward mean +- std against images sampled, and the KL to the starting model
     samples_before.png, samples_after.png   one image per evaluation prompt, same seed
     dalle_aligned.pt        the fine-tuned model in the standard checkpoint format (generate.py loads it)
+    eval.jsonl, results.json   the in-run evaluations (in_run_eval.py) and the run's results file
 """
 from __future__ import annotations
 
@@ -42,13 +43,23 @@ class AlignTrainer:
 
     def __init__(self, dalle, tokenizer, config: AlignConfig, prompts: Sequence[str], out_dir,
                  *, reward: Callable | None = None, eval_prompts: Sequence[str] | None = None,
-                 reward_options: dict | None = None, resume: bool = True, log_fn: Callable[[str], None] = print):
+                 reward_options: dict | None = None, resume: bool = True, log_fn: Callable[[str], None] = print,
+                 eval_sets: dict[str, list[str]] | None = None, argv: Sequence[str] | None = None):
         if not prompts:
             raise ValueError("fine-tuning needs at least one prompt (--prompts FILE with one caption per line)")
         self.dalle = dalle.eval()  # eval: no dropout, so recorded and recomputed log-probs agree
         self.tokenizer = tokenizer
         self.config = config
-        self.prompts = list(prompts)
+        # issue 13 hook: evaluation sets (never RL prompts), the KL controller, the results file
+        from dalle_lab.align.in_run_eval import RunEvaluator, default_eval_sets, split_rl_prompts
+        from dalle_lab.align.kl_control import KLController
+
+        eval_sets = default_eval_sets(config, prompts) if eval_sets is None else eval_sets
+        self.prompts = split_rl_prompts(list(prompts), eval_sets, log_fn)
+        self.evaluator = RunEvaluator(eval_sets, config)
+        self.eval_history: list[dict] = []
+        self.kl = KLController(config.kl_coef, config.kl_target, config.kl_horizon)
+        self.argv = argv
         self.eval_prompts = list(eval_prompts) if eval_prompts else list(dict.fromkeys(self.prompts))[:8]
         self.out_dir = Path(out_dir)
         self.device = next(p for p in dalle.parameters()).device
@@ -64,7 +75,11 @@ class AlignTrainer:
             self.reward_options["precision"] = config.reward_precision
         self.reward = reward if reward is not None else get_reward(config.reward, **self.reward_options)
         self._check_reward_precision()
-        self.reward_worker = RewardWorker(self.reward)
+        # a weighted sum's terms are logged one by one (issue 13 hook: in_run_eval.TermRecorder)
+        from dalle_lab.align.in_run_eval import TermRecorder
+
+        self.term_recorder = TermRecorder(self.reward) if getattr(self.reward, "terms", None) else None
+        self.reward_worker = RewardWorker(self.term_recorder or self.reward)
 
         self.lora_modules = []
         if config.lora_rank > 0:
@@ -73,13 +88,15 @@ class AlignTrainer:
             self.lora_modules = add_lora(self.dalle, rank=config.lora_rank, alpha=config.lora_alpha)
         self.trainable = self._trainable_parameters()
         self.processes.broadcast_parameters(self.trainable)
-        self.reference = self._make_reference() if (self.needs_reference and config.kl_coef > 0) else None
+        # the reference also serves the in-run evaluation's KL, so it exists whenever the method has a KL term
+        self.reference = self._make_reference() if self.needs_reference else None
         self.optimizer = torch.optim.AdamW(self.trainable, lr=config.lr, weight_decay=config.weight_decay)
         self.deepspeed = self._make_deepspeed() if config.deepspeed_zero_stage is not None else None
 
         self.epoch = 0
         self.images_sampled = 0
         self.elapsed_s = 0.0
+        self.cpu_s = 0.0
         self._last_epoch_s = 0.0  # duration of the latest epoch: the time-budget check's estimate of the next one
         self.history: list[dict] = []
         self._build_extra_state()
@@ -137,7 +154,7 @@ class AlignTrainer:
     @property
     def has_reference(self) -> bool:
         """Whether the loss has a KL term to the starting model (LoRA runs get it from the adapters switched off)."""
-        return self.needs_reference and self.config.kl_coef > 0
+        return self.needs_reference and self.config.kl_coef > 0  # kl_target needs kl_coef > 0 (config checks)
 
     @torch.no_grad()
     def kl_reference_logprobs(self, text, tokens, support=None):
@@ -316,30 +333,80 @@ class AlignTrainer:
         over = budget is not None and self.elapsed_s + self._last_epoch_s > budget
         return self.processes.any(over)  # every process stops at the same epoch
 
+    def stop_reason(self) -> str | None:
+        """Which limit ends the run now, in words (None while neither does)."""
+        cfg = self.config
+        if self.epoch >= cfg.max_epochs:
+            return f"epochs: {self.epoch} of --epochs {cfg.max_epochs}"
+        if self.out_of_time():
+            return (f"time budget: {self.elapsed_s:.0f} s used, the next epoch (~{self._last_epoch_s:.0f} s) would "
+                    f"pass --time_budget_s {cfg.time_budget_s:g}")
+        return None
+
+    def evaluate_now(self) -> dict:
+        """Issue 13 hook: score the current model on the evaluation sets; appended to eval.jsonl and eval_history."""
+        row = {"epochs_done": self.epoch, "images_sampled": self.images_sampled,
+               "elapsed_s": round(self.elapsed_s, 2), **self.evaluator(self)}
+        self.eval_history.append(row)
+        with open(self.out_dir / "eval.jsonl", "a", encoding="utf-8") as handle:
+            handle.write(json.dumps(row) + "\n")
+        shown = [f"{k[5:]} {v:.4g}" for k, v in row.items()
+                 if k.startswith("eval_") and k != "eval_s" and not k.endswith("_se")]
+        self.log_fn(f"[align] eval after {self.epoch} epochs ({row['eval_s']:.0f}s): " + ", ".join(shown))
+        return row
+
     def train(self) -> list[dict]:
         cfg = self.config
-        if self.epoch == 0 and not self.history and self.processes.is_main:  # fresh run: no earlier log lines
+        wall_start = time.perf_counter()
+        self.log_fn(f"[align] {cfg.method} on {cfg.reward}: {len(self.prompts)} RL prompts, "
+                    f"{cfg.prompts_per_epoch} x {cfg.group_size} images per epoch; sampling "
+                    f"{cfg.sampling_kwargs()}; runs for {cfg.limits_text()}; eval sets "
+                    f"{ {k: len(v) for k, v in self.evaluator.eval_sets.items()} } sampled with "
+                    f"{vars(self.evaluator.sampling)} every {cfg.eval_every or 'no'} epochs")
+        main = self.processes.is_main  # process 0 writes the files and runs the in-run evaluation
+        if self.epoch == 0 and not self.history and main:  # a fresh run: no log lines from an earlier run here
             (self.out_dir / "log.jsonl").unlink(missing_ok=True)
+            (self.out_dir / "eval.jsonl").unlink(missing_ok=True)
             self.save_grid(self.out_dir / "samples_before.png")
-        while self.epoch < cfg.epochs and not self.out_of_time():
-            start = time.perf_counter()
+        if main and self.evaluator.active and not self.eval_history:
+            self.evaluate_now()
+        while (reason := self.stop_reason()) is None:
+            start, cpu_start = time.perf_counter(), time.process_time()
             prompts = self.epoch_prompts(self.epoch)
             log = self.train_epoch(prompts)
+            if self.term_recorder is not None:
+                log.update(self.term_recorder.pop_means())
             self._last_epoch_s = time.perf_counter() - start
             self.elapsed_s += self._last_epoch_s
+            self.cpu_s += time.process_time() - cpu_start  # load-independent cost (all threads of this process)
             self.images_sampled += len(prompts)
             log = {"epoch": self.epoch, "images_sampled": self.images_sampled,
-                   "elapsed_s": round(self.elapsed_s, 2), **log}
-            self.history.append(log)
+                   "elapsed_s": round(self.elapsed_s, 2), "cpu_s": round(self.cpu_s, 2), **log}
+            if self.has_reference:  # the coefficient this epoch used, then the controller's next one
+                log["kl_coef"] = self.kl.coef
+                self.kl.update(log.get("kl_ref_image", float("nan")), len(prompts))
             self.epoch += 1
-            if self.processes.is_main:
+            if main and self.evaluator.active and cfg.eval_every and self.epoch % cfg.eval_every == 0:
+                log.update({k: v for k, v in self.evaluate_now().items() if k.startswith("eval_")})
+            self.history.append(log)
+            if main:
                 self._write_log(log)
                 self.save_state()
                 self.plot_curve()
+        self.log_fn(f"[align] stopped: {reason}")
         self.reward_worker.close()
-        if self.processes.is_main:
+        if main:
+            if self.evaluator.active and self.eval_history[-1]["epochs_done"] != self.epoch:
+                self.evaluate_now()
+                self.save_state()
             self.save_grid(self.out_dir / "samples_after.png")
             self.export(self.out_dir / "dalle_aligned.pt")
+            if self.evaluator.active:
+                from dalle_lab.align.in_run_eval import write_results
+
+                write_results(self.out_dir / "results.json", self, self.argv, reason,
+                              time.perf_counter() - wall_start)
+                self.plot_curve()
         self.processes.barrier()
         return self.history
 
@@ -371,7 +438,10 @@ class AlignTrainer:
             "epoch": self.epoch,
             "images_sampled": self.images_sampled,
             "elapsed_s": self.elapsed_s,
+            "cpu_s": self.cpu_s,
             "history": self.history,
+            "eval_history": self.eval_history,
+            "kl_controller": self.kl.state_dict(),
             "rng": capture_rng(),
             "generator": self.generator.get_state(),
             "extra": self.extra_state_dict(),
@@ -412,6 +482,10 @@ class AlignTrainer:
             self.optimizer.load_state_dict(state["optimizer"])
         self.epoch, self.images_sampled = state["epoch"], state["images_sampled"]
         self.elapsed_s, self.history = state["elapsed_s"], list(state["history"])
+        self.eval_history = list(state.get("eval_history", []))
+        self.cpu_s = float(state.get("cpu_s", 0.0))
+        if "kl_controller" in state:
+            self.kl.load_state_dict(state["kl_controller"])
         restore_rng(state["rng"])
         self.generator.set_state(state["generator"])
         self.load_extra_state(state["extra"])
@@ -432,8 +506,13 @@ class AlignTrainer:
     def plot_curve(self) -> Path:
         from dalle_lab.align.plots import plot_reward_curves
 
-        return plot_reward_curves({self.config.method: self.history}, self.out_dir / "reward_curve.png",
+        path = plot_reward_curves({self.config.method: self.history}, self.out_dir / "reward_curve.png",
                                   title=f"{self.config.reward} ({self.config.method})")
+        if self.eval_history:
+            from dalle_lab.align.plots import plot_eval_curves
+
+            plot_eval_curves(self.eval_history, self.out_dir / "eval_curve.png", title=self.config.reward)
+        return path
 
     def merged_model(self):
         """The fine-tuned transformer with LoRA adapters folded into the base weights (a copy when LoRA is used)."""

@@ -1,0 +1,209 @@
+"""Evaluation inside an alignment run: every `eval_every` epochs (and before the first and after the last), fresh
+samples for captions that are never RL prompts, drawn with generate.py's sampling, scored by the run's reward (each
+term of a weighted sum separately) and, for Shapes captions, by the checker; beside them the three things that say
+what the gain cost:
+
+- `kl_ref_image`: KL to the starting model, nats per image (the exact per-token KL of the plain conditional
+  distributions, summed over the image, at the evaluation samples' prefixes);
+- `loss_img`: the image loss on real validation images (dalle_lab.experiments.shapes_eval.heldout_losses): forgetting;
+- diversity among `eval_diversity_samples` samples of one caption: the fraction of distinct token sequences and the
+  mean pairwise pixel distance (mean absolute difference in [0, 1]).
+
+Samples come from a fixed seed per evaluation set, so successive evaluations differ by the model only.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import torch
+
+EVAL_SEED = 4321  # sampling seed of the evaluations (kept apart from the run's seed: same captions, same noise)
+
+
+def default_eval_sets(config, rl_prompts: Sequence[str]) -> dict[str, list[str]]:
+    """Without an eval prompt file: Shapes validation captions and held-out compositions when the RL prompts are
+    Shapes captions (neither split is ever a training caption), less any RL prompt; otherwise no evaluation set."""
+    from dalle_lab.data.shapes import heldout_captions, is_shapes_caption, validation_captions
+
+    if not rl_prompts or not all(is_shapes_caption(p) for p in rl_prompts):
+        return {}
+    sets = {"val": validation_captions(config.eval_num_prompts)} if config.eval_num_prompts else {}
+    if config.eval_num_heldout:
+        sets["heldout"] = heldout_captions(config.eval_num_heldout)
+    # RL prompts the user chose from these splits stay RL prompts; the default sets leave them out instead
+    chosen = set(rl_prompts)
+    sets = {name: [p for p in prompts if p not in chosen] for name, prompts in sets.items()}
+    return {name: prompts for name, prompts in sets.items() if prompts}
+
+
+def split_rl_prompts(rl_prompts: Sequence[str], eval_sets: dict[str, list[str]], log_fn=print) -> list[str]:
+    """The RL prompt pool without any evaluation caption (so eval scores are on captions RL never sampled)."""
+    held = {p for prompts in eval_sets.values() for p in prompts}
+    pool = [p for p in rl_prompts if p not in held]
+    dropped = len(rl_prompts) - len(pool)
+    if dropped:
+        log_fn(f"[align] {dropped} RL prompt(s) are evaluation captions too: left out of the RL prompts")
+    if not pool:
+        raise ValueError("every RL prompt is also an evaluation prompt; give --prompts and --eval_prompts that differ")
+    return pool
+
+
+def diversity(tokens: torch.Tensor, images: torch.Tensor) -> dict:
+    """Distinct token sequences (fraction) and mean pairwise pixel distance among samples of one caption."""
+    distinct = len({tuple(row.tolist()) for row in tokens}) / len(tokens)
+    flat = images.float().flatten(1)
+    distance = (flat[:, None, :] - flat[None, :, :]).abs().mean(-1)
+    n = len(flat)
+    pairwise = float(distance.sum() / (n * (n - 1))) if n > 1 else 0.0
+    return {"diversity_distinct": distinct, "diversity_pixel": pairwise}
+
+
+class TermRecorder:
+    """Wraps a weighted-sum reward for the reward worker: returns the same total and keeps each term's scores, so a
+    training epoch can log every term's mean (`reward_<term>`) without scoring twice."""
+
+    def __init__(self, reward):
+        self.reward, self.terms = reward, list(reward.terms)
+        self._scores: dict[str, list[torch.Tensor]] = {}
+        import threading
+
+        self._lock = threading.Lock()  # the worker thread records while the trainer may pop
+
+    def __call__(self, images, prompts=None):
+        total = None
+        for term, weight in self.terms:
+            value = torch.as_tensor(term(images, prompts)).float()
+            with self._lock:
+                self._scores.setdefault(f"reward_{getattr(term, '__name__', 'term')}", []).append(
+                    value.detach().cpu().reshape(-1))
+            total = weight * value if total is None else total + weight * value
+        return total
+
+    def pop_means(self) -> dict:
+        with self._lock:
+            scores, self._scores = self._scores, {}
+        return {name: float(torch.cat(values).mean()) for name, values in scores.items()}
+
+
+class RunEvaluator:
+    """Scores a trainer's current model on fixed evaluation sets -> a flat dict of numbers (`eval_<set>_<name>`)."""
+
+    def __init__(self, eval_sets: dict[str, list[str]], config):
+        self.eval_sets = {name: list(prompts) for name, prompts in eval_sets.items() if prompts}
+        self.config = config
+        self.sampling = config.eval_sampling()
+
+    @property
+    def active(self) -> bool:
+        return bool(self.eval_sets)
+
+    @torch.no_grad()
+    def sample(self, trainer, prompts, seed: int):
+        dalle, s = trainer.dalle, self.sampling
+        generator = torch.Generator(device=trainer.device).manual_seed(seed)
+        tokens, texts = [], []
+        for start in range(0, len(prompts), trainer.config.sample_batch_size):
+            text = trainer.tokenize(prompts[start:start + trainer.config.sample_batch_size])
+            tokens.append(dalle.generate_images(text, top_k=s.top_k, top_p=s.top_p, temperature=s.temperature,
+                                                cond_scale=s.cond_scale, return_tokens=True, generator=generator))
+            texts.append(text)
+        tokens, text = torch.cat(tokens), torch.cat(texts)
+        return text, tokens, dalle.vae.decode(tokens).float().cpu()
+
+    @torch.no_grad()
+    def kl_per_image(self, trainer, text, tokens) -> np.ndarray:
+        from dalle_lab.align.policy_gradient import token_kl
+
+        values = []
+        for start in range(0, len(tokens), trainer.config.train_batch_size):
+            t, k = text[start:start + trainer.config.train_batch_size], tokens[start:start + trainer.config.train_batch_size]
+            policy = torch.log_softmax(trainer.dalle.logits(t, k).float(), -1)
+            values.append(token_kl(policy, trainer.reference_logprobs(t, k)).sum(-1).cpu())
+        return torch.cat(values).numpy()
+
+    def score_set(self, trainer, name: str, prompts: list[str], seed: int) -> dict:
+        from dalle_lab.align.evaluate import mean_and_se
+        from dalle_lab.data.shapes import check, is_shapes_caption
+
+        text, tokens, images = self.sample(trainer, prompts, seed)
+        out = {}
+        reward = trainer.reward
+        out["reward"], out["reward_se"] = mean_and_se(torch.as_tensor(reward(images, prompts)).float().cpu())
+        for term, weight in getattr(reward, "terms", []):
+            out[f"reward_{getattr(term, '__name__', 'term')}"] = float(torch.as_tensor(term(images, prompts)).float().mean())
+        if all(is_shapes_caption(p) for p in prompts):  # the checker, image by image (standard errors)
+            checks = [check(image, caption) for image, caption in zip(images, prompts)]
+            out["accuracy"], out["accuracy_se"] = mean_and_se([c.accuracy for c in checks])
+            out["exact_match"], out["exact_match_se"] = mean_and_se([float(c.exact) for c in checks])
+        if trainer.reference is not None or trainer.lora_modules:
+            out["kl_ref_image"] = float(self.kl_per_image(trainer, text, tokens).mean())
+        return {f"eval_{name}_{key}": value for key, value in out.items()}
+
+    def __call__(self, trainer) -> dict:
+        start = time.perf_counter()
+        result = {}
+        for index, (name, prompts) in enumerate(self.eval_sets.items()):
+            result.update(self.score_set(trainer, name, prompts, EVAL_SEED + index))
+        cfg = self.config
+        vae = trainer.dalle.vae
+        if cfg.eval_loss_images and hasattr(vae, "get_codebook_indices"):
+            from dalle_lab.experiments.shapes_eval import heldout_losses
+
+            losses = heldout_losses(trainer.dalle, vae, trainer.tokenizer, "val", cfg.eval_loss_images,
+                                    batch_size=trainer.config.train_batch_size)
+            result["eval_loss_img"] = losses["loss_img"]
+        if cfg.eval_diversity_samples > 1:
+            caption = next(iter(self.eval_sets.values()))[0]
+            _, tokens, images = self.sample(trainer, [caption] * cfg.eval_diversity_samples, EVAL_SEED - 1)
+            result.update({f"eval_{k}": v for k, v in diversity(tokens, images).items()})
+        result["eval_s"] = round(time.perf_counter() - start, 2)
+        return result
+
+
+# ---------------------------------------------------------------- the run's results file
+
+def git_commit(directory: Path | None = None) -> dict:
+    """{"commit", "dirty"} of the checkout the package runs from (None when it is not a git checkout)."""
+    directory = directory or Path(__file__).resolve().parents[2]
+
+    def git(*args):
+        try:
+            return subprocess.run(["git", *args], cwd=directory, capture_output=True, text=True, timeout=10,
+                                  check=True).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            return None
+
+    status = git("status", "--porcelain", "--untracked-files=no")
+    return {"commit": git("rev-parse", "HEAD"), "dirty": None if status is None else bool(status)}
+
+
+def write_results(path, trainer, argv: Sequence[str] | None, stop_reason: str, wall_s: float) -> Path:
+    """results.json: what a reader needs to trust a number: command, config, commit, machine load, the evaluations
+    before and after (and every one in between), and why the run stopped."""
+    from dalle_lab.align.config import to_dict
+    from dalle_lab.utils import atomic_write
+
+    evals = trainer.eval_history
+    record = {
+        "command": None if argv is None else [sys.executable.rsplit("/", 1)[-1], "-m", "dalle_lab.align", *argv],
+        "config": to_dict(trainer.config),
+        "git": git_commit(),
+        "torch_threads": torch.get_num_threads(),
+        "cpu_count": os.cpu_count(),
+        "load_average_end": os.getloadavg(),
+        "epochs": trainer.epoch, "images_sampled": trainer.images_sampled,
+        "train_s": round(trainer.elapsed_s, 2), "train_cpu_s": round(trainer.cpu_s, 2), "wall_s": round(wall_s, 2),
+        "stop_reason": stop_reason,
+        "eval_sets": {name: len(prompts) for name, prompts in trainer.evaluator.eval_sets.items()},
+        "eval_sampling": vars(trainer.evaluator.sampling),
+        "start": evals[0] if evals else None, "final": evals[-1] if evals else None, "evals": evals,
+    }
+    text = json.dumps(record, indent=1) + "\n"
+    return atomic_write(Path(path), lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
