@@ -14,6 +14,8 @@ from dalle_lab.rewards import brightness
 
 from test_align_finetune import PROMPTS, tiny_dalle  # noqa: E402  (the tiny DALLE and its stand-in VAE)
 
+# plain sampling unless a setting says otherwise (AlignConfig's own defaults are generate.py's sampling)
+PLAIN = dict(temperature=1.0, top_k=None, top_p=None, cond_scale=1.0)
 SETTINGS = [dict(), dict(temperature=0.7, top_k=6, cond_scale=2.0), dict(top_p=0.8, temperature=1.3),
             dict(cond_scale=3.0, top_p=0.9), dict(top_k=4, top_p=0.7, cond_scale=1.5, temperature=0.8)]
 
@@ -35,7 +37,7 @@ def tokenizer():
 @pytest.mark.parametrize("settings", SETTINGS)
 def test_recomputed_logprobs_equal_the_samplers(tokenizer, settings, precision):
     dalle = tiny_dalle(tokenizer).eval()
-    config = AlignConfig(**settings)
+    config = AlignConfig(**{**PLAIN, **settings})
     text = tokenizer.tokenize(PROMPTS * 2, 16)
     with autocast(precision), torch.no_grad():
         tokens, recorded, support = sample_with_support(dalle, text, config, torch.Generator().manual_seed(0))
@@ -73,7 +75,7 @@ def test_a_moved_topk_boundary_keeps_the_sampled_token_and_is_counted(tokenizer)
     """After the model moves, its own top-k keeps other tokens at some positions: refiltering would give sampled
     tokens log-prob -inf (ratio 0, no gradient); the recorded support keeps them finite, and the flips are counted."""
     dalle = tiny_dalle(tokenizer).eval()
-    config = AlignConfig(top_k=3, temperature=1.0)
+    config = AlignConfig(**{**PLAIN, "top_k": 3})
     text = tokenizer.tokenize(PROMPTS * 2, 16)
     tokens, recorded, support = sample_with_support(dalle, text, config, torch.Generator().manual_seed(0))
     with torch.no_grad():

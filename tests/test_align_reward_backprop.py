@@ -63,7 +63,8 @@ def _chain_setup(tokenizer, last_k=4):
     from dalle_lab.align.logprobs import sample_with_support
 
     dalle = tiny_dalle(tokenizer).eval()
-    config = AlignConfig(method="reward_backprop", backprop_last_k=last_k, temperature=0.9, top_k=10)
+    config = AlignConfig(method="reward_backprop", backprop_last_k=last_k, temperature=0.9, top_k=10,
+                         cond_scale=1.0)
     text = tokenizer.tokenize(PROMPTS[:2], 16)
     tokens, _, support = sample_with_support(dalle, text, config, torch.Generator().manual_seed(0))
     return dalle, config, text, tokens, support
