@@ -20,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from dalle_lab.align.logprobs import policy_logprobs  # noqa: F401  (re-exported: the update's log-probs)
+from dalle_lab.align.logprobs import policy_logprobs, uses_filter  # policy_logprobs: also re-exported
 from dalle_lab.align.processes import seeded_generator
 from dalle_lab.align.stat_tracking import PerPromptStatTracker, clip_advantages, group_normalize
 from dalle_lab.align.trainer import AlignTrainer, chunks
@@ -126,7 +126,7 @@ class PolicyGradientTrainer(AlignTrainer):
         rows = {"text": torch.zeros(0, dcfg.text_seq_len, dtype=torch.long, device=self.device),
                 "tokens": torch.zeros(0, dcfg.image_seq_len, dtype=torch.long, device=self.device),
                 "old_logprobs": torch.zeros(0, dcfg.image_seq_len, device=self.device)}
-        if cfg.top_k is not None or (cfg.top_p is not None and cfg.top_p < 1.0):
+        if uses_filter(cfg):
             rows["support"] = torch.zeros(0, dcfg.image_seq_len, (dcfg.num_image_tokens + 7) // 8,
                                           dtype=torch.uint8, device=self.device)
         return rows

@@ -36,6 +36,11 @@ class Processes:
         self.rank, self.world_size = info.rank, info.world_size
         self.device = torch.device(device)
         if self.world_size > 1:
+            if self.device.type == "cuda":
+                if self.device.index is None:  # every process would land on the same GPU and NCCL would refuse it
+                    raise ValueError(f"{self.world_size} processes on CUDA: put each process's model on its own GPU, "
+                                     f"cuda:LOCAL_RANK (this is process {self.rank}, LOCAL_RANK {info.local_rank})")
+                torch.cuda.set_device(self.device)
             init_process_group(info, self.device)
 
     @property
