@@ -217,3 +217,12 @@ def test_generate_py_speculative_flag_picks_the_decoder(tiny_vqgan, tmp_path, mo
                            "--num_images", "2", "--outputs_dir", tmp_path / flag, flag) == 0
         assert len(used) == expected, flag
         assert (tmp_path / flag / "a_red_circle" / "1.png").is_file()
+
+
+def test_a_speculative_default_falls_back_to_plain_where_it_cannot_apply():
+    model = enumerable_dalle()
+    model.speculative_default = True
+    seen = []
+    tokens = model.generate_images(torch.tensor([[5, 7, 0]]), return_tokens=True,
+                                   logits_callback=lambda i, c, u: seen.append(i))
+    assert seen == [0, 1, 2, 3] and tokens.shape == (1, 4)

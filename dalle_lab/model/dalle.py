@@ -268,8 +268,9 @@ class DALLE(nn.Module):
         logits_callback(position, logits_cond, logits_uncond_or_None) is called before each token is sampled.
         speculative: lossless speculative Jacobi decoding (dalle_lab/model/speculative.py): the same distribution of
         images from fewer transformer passes, speculative_window drafts per pass; None (default) picks the faster
-        exact path (the model's `speculative_default` attribute when set, else speculative_by_default); the tokens then differ from plain decoding's for the same seed,
-        their distribution does not. cuda_graph: replay each decode pass as a CUDA graph over a static KV cache
+        exact path (the model's `speculative_default` attribute when set, else speculative_by_default; plain where
+        use_cache=False or a logits_callback is given); the tokens then differ from plain decoding's for the same
+        seed, their distribution does not. cuda_graph: replay each decode pass as a CUDA graph over a static KV cache
         (dalle_lab/model/graphs.py; on the CPU the same fixed-shape arithmetic, uncaptured).
 
         Returns images (B, 3, H, W) in [0, 1]; with return_tokens the (B, image_seq_len) token ids instead (no vae
@@ -300,11 +301,11 @@ class DALLE(nn.Module):
         logprobs = torch.zeros(batch, N, dtype=torch.float32, device=text.device)
 
         sampling = Sampling(cond_scale, temperature, k, top_p)
-        if speculative is None:
-            speculative = self.speculative_default
-        if speculative is None:
-            speculative = use_cache and logits_callback is None and speculative_by_default(self, batch)
-        if speculative and (not use_cache or logits_callback is not None):
+        if speculative is None:  # a default never refuses: it falls back to plain decoding where it cannot apply
+            default = self.speculative_default
+            default = speculative_by_default(self, batch) if default is None else default
+            speculative = default and use_cache and logits_callback is None
+        elif speculative and (not use_cache or logits_callback is not None):
             raise ValueError("speculative=True needs use_cache=True and no logits_callback (it scores several "
                              "positions per pass, not one at a time); pass speculative=False")
         was_training = self.training

@@ -107,22 +107,22 @@ def _speculative_loop(dec, tokens, logprobs, n_init, generator, window, graphs) 
         p_stop = p[rows, n_acc]
         q_stop = q[rows, n_acc.clamp(max=W - 1)]
         stop_dist = torch.where((n_acc < W).unsqueeze(-1), residual(p_stop, q_stop), p_stop)
-        new = draw(stop_dist, generator)
-
-        commit = torch.cat([drafts, new.unsqueeze(1)], dim=1)
-        commit[rows, n_acc] = new  # window slot k holds the token committed at position c + k, for k <= n_acc
-        keep = (offsets <= n_acc.unsqueeze(1)) & active.unsqueeze(1)
-        positions = committed.unsqueeze(1) + offsets
-        out.scatter_(1, positions, torch.where(keep, commit, out.gather(1, positions)))
-        commit_lp = lp.gather(-1, commit.unsqueeze(-1)).squeeze(-1)
-        out_lp.scatter_(1, positions, torch.where(keep, commit_lp, out_lp.gather(1, positions)))
-        committed = torch.where(active, committed + n_acc + 1, committed)
-
         # Next proposals for positions c'..c'+W-1: the distributions this pass computed for them (window slot
         # n_acc + 1 + i), and the last one computed for positions past the window.
         slot = (n_acc.unsqueeze(1) + 1 + offsets[:W]).clamp(max=W)
         q = p.gather(1, slot.unsqueeze(-1).expand(B, W, p.shape[-1]))
-        drafts = draw(q, generator)
+        drawn = draw(torch.cat([stop_dist.unsqueeze(1), q], dim=1), generator)  # one draw call for all of them
+        new = drawn[:, 0]
+
+        commit = torch.cat([drafts, new.unsqueeze(1)], dim=1)
+        commit[rows, n_acc] = new  # window slot k holds the token committed at position c + k, for k <= n_acc
+        # Slots past n_acc are written too: those positions are not committed yet, and the pass that commits them
+        # writes them again; a finished row writes past the grid, into the buffers' slack.
+        positions = committed.unsqueeze(1) + offsets
+        out.scatter_(1, positions, commit)
+        out_lp.scatter_(1, positions, lp.gather(-1, commit.unsqueeze(-1)).squeeze(-1))
+        committed = torch.where(active, committed + n_acc + 1, committed)
+        drafts = drawn[:, 1:]
 
     tokens[:, n_init:] = out[:, n_init:N]
     logprobs[:, n_init:] = out_lp[:, n_init:N]
