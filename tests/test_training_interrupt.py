@@ -110,3 +110,14 @@ def test_a_stop_request_mid_step_finishes_the_step_and_saves_it(tiny_vqgan, tmp_
     ckpt = torch.load(tmp_path / "dalle.pt", weights_only=True)
     assert ckpt["step"] == 2 and ckpt["data_position"]["samples"] == 2 * 2 * 2  # both micro-batches counted
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the handler is put back
+
+
+@slow
+def test_sigkill_then_resume_on_webdataset_shards(tiny_vqgan, tmp_path, capsys):
+    from test_training_resume import two_caption_shards
+
+    pattern = two_caption_shards(tmp_path / "shards", n=8, per_shard=2)
+    check_interrupted_run_resumes_exactly(tiny_vqgan, tmp_path, capsys,
+                                          ["--image_text_folder", pattern, "--wds", "png,txt", "--num_workers", 2],
+                                          signal.SIGKILL)
+

@@ -67,8 +67,9 @@ def check_dataset_captions(dataset, tokenizer, text_seq_len: int, mode: str, say
         long = [i for i, n in enumerate(lengths) if n > text_seq_len]
         if long and mode == "error":
             i = long[0]
+            more = f" ({len(long)} such captions)" if len(long) > 1 else ""
             raise ValueError(too_long_message(f"{type(dataset).__name__} item {i}", captions[i], lengths[i],
-                                              text_seq_len) + (f" ({len(long)} such captions)" if len(long) > 1 else ""))
+                                              text_seq_len) + more)
         if long and mode == "skip":
             import torch
 

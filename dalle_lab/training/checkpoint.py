@@ -91,6 +91,24 @@ def step_checkpoint_path(directory: str | os.PathLike, name: str, step: int) -> 
     return Path(directory) / f"{name}-step{step:08d}.pt"
 
 
+def link_latest(step_path: Path, latest_path: Path) -> None:
+    """latest_path becomes the same file as step_path, atomically (a hard link renamed over it; a copy where the
+    file system has no hard links), so the newest checkpoint is always at one stable name."""
+    import shutil
+
+    from dalle_lab.utils import fsync_path
+
+    tmp = latest_path.with_name(f".{latest_path.name}.tmp")
+    tmp.unlink(missing_ok=True)
+    try:
+        os.link(step_path, tmp)
+    except OSError:
+        shutil.copyfile(step_path, tmp)
+        fsync_path(tmp)
+    os.replace(tmp, latest_path)
+    fsync_path(latest_path.parent)  # durable before rotation may delete the previous step file
+
+
 def rotate_checkpoints(directory: str | os.PathLike, name: str, keep_n: int | None) -> list[Path]:
     """Delete all but the newest `keep_n` step checkpoints of run `name`; returns the deleted paths."""
     if not keep_n or keep_n <= 0:

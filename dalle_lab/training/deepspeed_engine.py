@@ -148,13 +148,19 @@ class DeepSpeedEngine:
 
     # -- checkpoint state -------------------------------------------------------------------------------------
     def model_state(self, ds_dir=None) -> dict:
-        if self.zero_stage < 3:
+        """float32 weights for the checkpoint. Where the module itself is float32 (CPU autocast, fp32 runs) they
+        are its parameters. Under DeepSpeed bf16/fp16 (CUDA) the module holds rounded copies and the float32
+        master weights live in the optimizer's partitions: ZeRO 1-3 consolidate those from the saved engine files;
+        ZeRO 0 has no such files, so its weights are the bf16/fp16 module's, widened (docs/training.md)."""
+        low_precision = any(p.dtype != torch.float32 for p in self.module.parameters())
+        if self.zero_stage < 3 and not (low_precision and self.zero_stage > 0 and ds_dir is not None):
             return {k: v.detach().float().cpu() for k, v in model_state_without_vae(self.module).items()}
         from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
         if ds_dir is None:
             raise ValueError("ZeRO-3 weights are consolidated from a saved DeepSpeed checkpoint directory")
-        return dict(get_fp32_state_dict_from_zero_checkpoint(ds_dir, tag=DS_TAG))
+        state = get_fp32_state_dict_from_zero_checkpoint(ds_dir, tag=DS_TAG)
+        return {k: v.float() for k, v in state.items() if not k.startswith("vae.")}
 
     def save_to_checkpoint(self, output_dir) -> dict | None:
         """Collective: every rank writes its shard; rank 0 returns {"model", "deepspeed"} for the checkpoint."""

@@ -470,30 +470,11 @@ def _save(engine, dist, cfg, output_dir, latest_path, step, model_config, tokeni
             nonfinite_skipped=nonfinite_total, engine=engine.kind)
         step_path = ckpt_io.step_checkpoint_path(output_dir, cfg.dalle_output_file_name, step)
         ckpt_io.save_checkpoint(checkpoint, step_path)
-        _link_latest(step_path, latest_path)
+        ckpt_io.link_latest(step_path, latest_path)
         ckpt_io.rotate_checkpoints(output_dir, cfg.dalle_output_file_name, cfg.keep_n_checkpoints)
         path = latest_path
     barrier()
     return path
-
-
-def _link_latest(step_path: Path, latest_path: Path) -> None:
-    """latest_path becomes the same file as step_path, atomically (a hard link renamed over it; a copy where the
-    file system has no hard links), so the newest checkpoint is always at one stable name."""
-    import os
-    import shutil
-
-    from dalle_lab.utils import fsync_path
-
-    tmp = latest_path.with_name(f".{latest_path.name}.tmp")
-    tmp.unlink(missing_ok=True)
-    try:
-        os.link(step_path, tmp)
-    except OSError:
-        shutil.copyfile(step_path, tmp)
-        fsync_path(tmp)
-    os.replace(tmp, latest_path)
-    fsync_path(latest_path.parent)  # durable before rotation may delete the previous step file
 
 
 def _jsonable(value):
