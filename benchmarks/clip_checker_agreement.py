@@ -30,26 +30,27 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def caption_sets(captions, seed: int):
-    """(near-miss captions, other-image captions) for a list of captions."""
+    """(near-miss captions, the attribute each changed, other-image captions) for a list of captions."""
     from dalle_lab.data.shapes import describe, parse
     from dalle_lab.rewards.clip_data import attributes_of, variants
 
     rng = np.random.default_rng(seed)
-    near = []
+    near, changed = [], []
     for caption in captions:
         spec = parse(caption)
         attribute = attributes_of(spec)[int(rng.integers(len(attributes_of(spec))))]
         options = variants(spec, attribute)
         near.append(describe(options[int(rng.integers(len(options)))]))
+        changed.append(attribute)
     shift = 1 + int(rng.integers(len(captions) - 1))
-    return near, list(captions[shift:]) + list(captions[:shift])
+    return near, changed, list(captions[shift:]) + list(captions[:shift])
 
 
 def agreement(images, captions, reward, seed: int) -> dict:
     from dalle_lab.precision.reward_gap import spearman
     from dalle_lab.rewards import shapes_faithfulness
 
-    near, other = caption_sets(captions, seed)
+    near, changed, other = caption_sets(captions, seed)
     kinds = {"right": list(captions), "near_miss": near, "other": other}
     clip, checker = {}, {}
     with torch.no_grad():
@@ -72,8 +73,19 @@ def agreement(images, captions, reward, seed: int) -> dict:
                     ties += 1
                     continue
                 agree.append(np.sign(clip[names[a]][i] - clip[names[b]][i]) == np.sign(dc))
+    # per changed attribute: how often the image's own caption outscores its near miss (clip_score; the checker)
+    by_attribute = {}
+    for attribute in sorted(set(changed)):
+        rows = [i for i, a in enumerate(changed) if a == attribute]
+        by_attribute[attribute] = {
+            "n": len(rows),
+            "clip_right_above_near_miss": float(np.mean([clip["right"][i] > clip["near_miss"][i] for i in rows])),
+            "checker_right_above_near_miss": float(np.mean([checker["right"][i] > checker["near_miss"][i]
+                                                            for i in rows])),
+            "clip_score_drop_mean": float(np.mean([clip["right"][i] - clip["near_miss"][i] for i in rows]))}
     result = {
         "n_images": len(captions),
+        "near_miss_by_attribute": by_attribute,
         "spearman_all_pairs": spearman(all_clip, all_checker),
         "pearson_all_pairs": float(np.corrcoef(all_clip, all_checker)[0, 1]),
         "pairwise_agreement": float(np.mean(agree)) if agree else None, "pairs_compared": len(agree),
@@ -83,6 +95,7 @@ def agreement(images, captions, reward, seed: int) -> dict:
                   for kind in kinds},
         "raw": {kind: {"captions": kinds[kind], "clip_score": clip[kind].round(5).tolist(),
                        "checker": checker[kind].round(5).tolist()} for kind in kinds},
+        "near_miss_changed": changed,
     }
     if np.ptp(checker["right"]) > 0:  # generated images: do the two agree which samples are faithful?
         result["spearman_own_prompt"] = spearman(clip["right"], checker["right"])

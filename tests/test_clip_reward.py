@@ -192,6 +192,14 @@ def test_training_is_seeded_and_the_cli_writes_a_loadable_directory(tmp_path):
     assert json.loads((tmp_path / "results.json").read_text())["config"]["steps"] == 3
     with pytest.raises(SystemExit):
         main(["--out", str(out), "--batch_size", "1"])
+    precious = tmp_path / "precious"
+    precious.mkdir()
+    (precious / "notes.txt").write_text("keep me")
+    with pytest.raises(ValueError, match="is not a dalle_lab CLIP directory"):
+        save_clip(first.model, first.tokenizer, TINY, precious)
+    with pytest.raises(SystemExit, match="is not a dalle_lab CLIP directory"):
+        main(["--out", str(precious), "--steps", "1", "--batch_size", "2"])
+    assert (precious / "notes.txt").read_text() == "keep me"
 
 
 @pytest.mark.skipif(not (SHIPPED_CLIP_DIR / "dalle_lab_clip.json").is_file(), reason="shipped Shapes CLIP not built")

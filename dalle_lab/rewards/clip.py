@@ -121,6 +121,17 @@ def unit(embeddings):
 
 # ------------------------------------------------------------------------------------------------ directories
 
+def check_clip_output(directory) -> Path:
+    """Refuse an output path that saving would destroy: only a new/empty folder or a CLIP directory is replaced."""
+    directory = Path(directory)
+    if directory.exists() and not directory.is_dir():
+        raise ValueError(f"{directory} is a file; give a folder as --out")
+    if directory.is_dir() and any(directory.iterdir()) and not (directory / METADATA_FILE).is_file():
+        raise ValueError(f"{directory} exists and is not a dalle_lab CLIP directory (no {METADATA_FILE}); "
+                         "give a new or empty folder as --out: an existing CLIP directory is replaced, nothing else")
+    return directory
+
+
 def save_clip(model, tokenizer, arch: ClipArchitecture, directory, extra: dict | None = None) -> Path:
     """Write a CLIP directory: save_pretrained, the preprocessing settings, the vocabulary and our metadata.
 
@@ -131,7 +142,7 @@ def save_clip(model, tokenizer, arch: ClipArchitecture, directory, extra: dict |
 
     from dalle_lab.rewards.aesthetic import CLIP_MEAN, CLIP_STD
 
-    directory = Path(directory)
+    directory = check_clip_output(directory)
     directory.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", dir=directory.parent))
     try:

@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from dalle_lab.rewards.clip import ClipArchitecture, ClipScorer, new_clip, save_clip
+from dalle_lab.rewards.clip import ClipArchitecture, ClipScorer, check_clip_output, new_clip, save_clip
 from dalle_lab.rewards.clip import caption_ids, image_embeddings, text_embeddings, unit
 from dalle_lab.rewards.clip_data import augment, evaluate_retrieval, training_batch
 
@@ -182,6 +182,7 @@ def main(argv=None) -> dict:
     torch.set_num_threads(config.threads)
     load_before = os.getloadavg()
     try:
+        check_clip_output(args.out)  # before ten minutes of training, not after
         scorer, history = train_clip(config, args.bpe_path, log=lambda line: print(line, file=sys.stderr))
     except (FileNotFoundError, ValueError) as error:
         sys.exit(f"python -m dalle_lab.rewards.clip_train: error: {error}")
