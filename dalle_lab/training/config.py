@@ -26,7 +26,7 @@ class TrainConfig:
 
     # budget: training stops at whichever of these comes first (Shapes is an endless stream: use steps/minutes)
     epochs: int | None = None
-    max_steps: int | None = 2000
+    max_steps: int | None = 1800
     max_minutes: float | None = None
 
     # optimisation
