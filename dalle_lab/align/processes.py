@@ -32,7 +32,7 @@ class Processes:
     def __init__(self, device):
         from dalle_lab.training.distributed import env_dist_info, init_process_group
 
-        info = env_dist_info()
+        self.info = info = env_dist_info()  # rank, world size and is_main / distributed: one definition
         self.rank, self.world_size = info.rank, info.world_size
         self.device = torch.device(device)
         if self.world_size > 1:
@@ -45,11 +45,11 @@ class Processes:
 
     @property
     def is_main(self) -> bool:
-        return self.rank == 0
+        return self.info.is_main
 
     @property
     def distributed(self) -> bool:
-        return self.world_size > 1
+        return self.info.distributed
 
     def my_share(self, items: list) -> list:
         """This process's items of a list dealt round-robin (item i goes to process i mod N)."""
