@@ -85,8 +85,15 @@ def test_build_deepspeed_config_only_fills_what_is_missing():
     assert cuda_fp16["fp16"] == {"enabled": True, "loss_scale": 0} and "gradient_clipping" not in cuda_fp16
 
 
-def test_amp_means_bf16_on_cpu_and_refuses_fp16_there():
+def test_amp_means_bf16_on_cpu_and_refuses_fp16_there(monkeypatch):
+    from dalle_lab.training import precision
+
+    monkeypatch.setattr(precision, "cpu_has_native_bf16", lambda: True)
     assert resolve_precision(True, "cpu") == Precision("cpu", "bf16")
+    # without native bf16 (AVX2-only CPUs) auto means float32; an explicit bf16 is still honoured
+    monkeypatch.setattr(precision, "cpu_has_native_bf16", lambda: False)
+    assert resolve_precision(True, "cpu") == Precision("cpu", None)
+    assert resolve_precision(True, "cpu", "bf16") == Precision("cpu", "bf16")
     assert resolve_precision(False, "cpu").dtype is None
     assert not resolve_precision(True, "cpu").needs_loss_scaling
     with pytest.raises(ValueError, match="fp16 is not supported on the CPU"):

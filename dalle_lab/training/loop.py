@@ -221,8 +221,11 @@ def _summary(cfg, model, precision, engine, dist, micro_batch, ga_steps, latest_
     budget = ", ".join(f"{name} {value}" for name, value in (("max_steps", cfg.max_steps),
                                                               ("max_minutes", cfg.max_minutes),
                                                               ("epochs", cfg.epochs)) if value is not None)
+    dtype = precision.dtype or "float32"
+    if cfg.amp and precision.dtype is None:  # --amp asked for, but this CPU has no native bfloat16 (precision.py)
+        dtype += " (no native bfloat16 on this CPU; --amp_dtype bf16 forces it, slowly)"
     return (f"DALLE {params / 1e6:.2f}M parameters | data: {data} | {engine.kind} on {precision.device_type}, "
-            f"{precision.dtype or 'float32'}, {dist.world_size} process(es) | batch {micro_batch} x {ga_steps} "
+            f"{dtype}, {dist.world_size} process(es) | batch {micro_batch} x {ga_steps} "
             f"x {dist.world_size} | {budget} | checkpoints: {latest_path}")
 
 

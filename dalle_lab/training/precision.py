@@ -1,6 +1,9 @@
 """Which mixed precision `--amp` means on the device in use, in one place.
 
-- CPU: bfloat16 autocast (the only low-precision type CPU kernels and DeepSpeed support there).
+- CPU: bfloat16 autocast (the only low-precision type CPU kernels and DeepSpeed support there) where the processor
+  computes bfloat16 natively (avx512_bf16 or AMX); elsewhere (e.g. AVX2-only processors) `auto` means float32,
+  because emulated bfloat16 products are far slower than float32 ones there (measured on an AVX2 EPYC: a training
+  step of the main job 34 s under bf16 autocast against 0.95 s in float32). `--amp_dtype bf16` still forces it.
 - CUDA: bfloat16 when the GPU supports it, otherwise float16 with dynamic loss scaling (GradScaler).
 Weights stay float32 in every case: there is no bare `.half()` anywhere, so no path trains fp16 without a scaler.
 """
@@ -36,6 +39,13 @@ class Precision:
         return torch.amp.GradScaler(self.device_type) if self.needs_loss_scaling else None
 
 
+def cpu_has_native_bf16() -> bool:
+    """Whether this CPU multiplies bfloat16 in hardware (avx512_bf16 or AMX), as torch's oneDNN kernels see it."""
+    import torch
+
+    return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+
+
 def resolve_precision(amp: bool, device, amp_dtype: str = "auto") -> Precision:
     import torch
 
@@ -47,6 +57,8 @@ def resolve_precision(amp: bool, device, amp_dtype: str = "auto") -> Precision:
     if device_type == "cpu":
         if amp_dtype == "fp16":
             raise ValueError("--amp_dtype fp16 is not supported on the CPU (no fp16 kernels); use bf16 (the default)")
+        if amp_dtype == "auto" and not cpu_has_native_bf16():
+            return Precision("cpu", None)  # float32: see the module docstring
         return Precision("cpu", "bf16")
     if device_type == "cuda":
         if amp_dtype == "auto":
