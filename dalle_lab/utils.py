@@ -23,6 +23,16 @@ def pick_device(name: str = "auto"):
     return device
 
 
+def cpu_has_native_bf16() -> bool:
+    """Whether this CPU computes bfloat16 in hardware (avx512 bf16 / AMX, as torch's oneDNN kernels see it).
+
+    Without it (AVX2-only processors) torch emulates bf16 products, far slower than float32, and oneDNN's prepacked
+    bf16 weights (model/linear.py) are refused; mixed precision and the packed decode path ask this one function."""
+    import torch
+
+    return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+
+
 def file_sha256(path: str | os.PathLike, chunk_size: int = 1 << 20) -> str:
     """Hex SHA-256 of a file's bytes: the identity checkpoints record for tokenizers and image tokenizers."""
     digest = hashlib.sha256()

@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass, fields
 from dalle_lab.training.generation import SamplingSettings
 
 METHODS = ("policy_gradient", "reward_backprop", "best_of_n")
+TRAINABLE = ("all", "blocks")
 DEFAULT_EPOCHS = 20  # epochs of a run given neither --epochs nor --time_budget_s
 _GENERATE = SamplingSettings()  # generate.py's sampling: the RL sampler and the in-run evaluation default to it
 
@@ -35,6 +36,11 @@ class AlignConfig:
     seed: int = 0
     time_budget_s: float | None = None  # seconds of fine-tuning; no epoch starts that is expected to end past it
     lora_rank: int = 0  # 0 = fine-tune every weight; >0 = train only LoRA adapters of this rank
+    # which weights fine-tuning moves: "all", or "blocks" = the transformer blocks only (token embeddings, positions
+    # and the two logit heads stay frozen). Why: Adam gives every row of the image logit head an update of about
+    # `lr` whenever its token is sampled, however rare the token, so on sparse RL batches the tail codes of the
+    # codebook gain probability step after step (entropy and KL to the start rise while the reward does not).
+    trainable: str = "all"
     lora_alpha: float = 16.0
     deepspeed_zero_stage: int | None = None  # None: plain PyTorch; 0, 1 or 2: DeepSpeed's engine at that ZeRO stage
 
@@ -104,6 +110,8 @@ class AlignConfig:
         if self.backprop_last_k < 1:
             raise ValueError(f"backprop_last_k must be >= 1 (the reward's gradient reaches the model through the last "
                              f"K tokens), got {self.backprop_last_k}")
+        if self.trainable not in TRAINABLE:
+            raise ValueError(f"trainable must be one of {', '.join(TRAINABLE)}, not {self.trainable!r}")
         if self.kl_distribution not in ("sampling", "conditional"):
             raise ValueError(f"kl_distribution must be 'sampling' or 'conditional', not {self.kl_distribution!r}")
         if self.backprop_last_k_min is not None and not 1 <= self.backprop_last_k_min <= self.backprop_last_k:

@@ -134,9 +134,12 @@ class AlignTrainer:
             for p in params:
                 p.requires_grad_(True)
             return params
-        params = [p for _, p in self._transformer_parameters()]
-        for p in params:
-            p.requires_grad_(True)
+        params = []
+        for name, p in self._transformer_parameters():
+            # "blocks": only the transformer blocks learn (config.py says why the heads may stay frozen)
+            p.requires_grad_(self.config.trainable == "all" or name.startswith("transformer."))
+            if p.requires_grad:
+                params.append(p)
         return params
 
     def _make_reference(self):

@@ -17,6 +17,7 @@ Same parameters and state_dict keys as nn.Linear, so it is a drop-in replacement
 from __future__ import annotations
 
 from contextlib import contextmanager
+from functools import lru_cache
 
 import torch
 import torch.nn.functional as F
@@ -40,7 +41,7 @@ class PackedWeight:
         w, b = self.linear.weight, self.linear.bias
         if torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16:
             x = x.to(torch.bfloat16)
-        if x.dtype == torch.bfloat16 and w.dtype in (torch.float32, torch.bfloat16):
+        if x.dtype == torch.bfloat16 and w.dtype in (torch.float32, torch.bfloat16) and _bf16_prepack_supported():
             if self.bf16 is None:
                 wb = w.detach().to(torch.bfloat16)
                 self.bf16 = (torch.ops.mkldnn._reorder_linear_weight(wb, self.rows),
@@ -57,6 +58,15 @@ class PackedWeight:
 
 def packing_available() -> bool:
     return torch.backends.mkldnn.is_available() and torch.backends.mkl.is_available()
+
+
+@lru_cache(maxsize=None)
+def _bf16_prepack_supported() -> bool:
+    """oneDNN refuses to prepack bf16 weights on CPUs without native bf16 (AVX2-only: "needs avx_ne_convert or
+    avx512bw, avx512vl and avx512dq"); there bf16 products go through F.linear."""
+    from dalle_lab.utils import cpu_has_native_bf16
+
+    return cpu_has_native_bf16()
 
 
 class Linear(nn.Linear):

@@ -12,6 +12,8 @@ from __future__ import annotations
 import contextlib
 from dataclasses import dataclass
 
+from dalle_lab.utils import cpu_has_native_bf16
+
 AMP_DTYPES = ("auto", "bf16", "fp16")
 
 
@@ -37,13 +39,6 @@ class Precision:
         import torch
 
         return torch.amp.GradScaler(self.device_type) if self.needs_loss_scaling else None
-
-
-def cpu_has_native_bf16() -> bool:
-    """Whether this CPU multiplies bfloat16 in hardware (avx512_bf16 or AMX), as torch's oneDNN kernels see it."""
-    import torch
-
-    return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
 def resolve_precision(amp: bool, device, amp_dtype: str = "auto") -> Precision:

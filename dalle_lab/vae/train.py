@@ -414,7 +414,7 @@ def resolve_precision(precision: str, device: torch.device) -> torch.dtype | Non
     if precision == "auto":
         if device.type == "cuda":
             return torch.bfloat16 if torch.cuda.is_bf16_supported() else None
-        from dalle_lab.training.precision import cpu_has_native_bf16
+        from dalle_lab.utils import cpu_has_native_bf16
 
         return torch.bfloat16 if cpu_has_native_bf16() else None
     return torch.bfloat16
