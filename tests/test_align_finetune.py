@@ -165,6 +165,17 @@ def test_lora_starts_at_the_reference_and_merges(tokenizer, tmp_path):
     assert (trainer.reference_logprobs(text, tokens) - torch.log_softmax(adapted, -1)).abs().max() > 0
 
 
+def test_trainable_blocks_moves_only_the_transformer_blocks(tokenizer, tmp_path):
+    trainer = make_trainer(tokenizer, tmp_path, trainable="blocks", epochs=1)
+    before = {name: p.detach().clone() for name, p in trainer.dalle.named_parameters()}
+    trainer.train()
+    moved = {name for name, p in trainer.dalle.named_parameters() if not torch.equal(p, before[name])}
+    assert moved and all(name.startswith("transformer.") for name in moved)
+    assert not any(name.startswith(("to_image_logits", "image_emb")) for name in moved)  # the frozen heads
+    with pytest.raises(ValueError, match="trainable must be one of all, blocks, not 'heads'"):
+        AlignConfig(trainable="heads")
+
+
 def test_conditional_gumbel_keeps_the_sampled_token_on_top():
     logprobs = torch.log_softmax(torch.randn(3, 5, 9), -1)
     logprobs[0, 0, :4] = float("-inf")  # a filtered support

@@ -31,6 +31,7 @@ _HELP = {
     "kl_target": "adaptive KL: nats per image to hold the KL to the starting model near (kl_coef is its start)",
     "eval_every": "evaluate on the eval prompts every N epochs (0: only before and after)",
     "lora_rank": "0 fine-tunes every weight; >0 trains only LoRA adapters of this rank",
+    "trainable": "all, or blocks: only the transformer blocks learn (embeddings and logit heads frozen)",
     "advantage": "per_prompt (DDPO's running per-prompt statistics) or group (GRPO normalisation within the epoch)",
     "backprop_last_k": "reward_backprop: the gradient reaches the model through the last K image tokens",
     "reward_precision": "run the reward model in fp32, bf16, fp16 or tpu_default (aesthetic reward)",
