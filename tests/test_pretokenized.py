@@ -68,7 +68,12 @@ def test_training_on_token_shards_matches_training_on_the_folder_step_for_step(t
     assert saved["data_position"] == {"kind": "tokens", "epoch": 1, "batch": 2}
 
 
-def test_resume_is_exact_on_token_shards_with_workers_and_caption_dropout(tokens, tmp_path):
+def test_resume_is_exact_on_token_shards_with_workers_and_caption_dropout(tiny_vqgan, folder, tmp_path):
+    for caption_file in folder.glob("*.txt"):  # three lines: a caption draw that depends on a worker shows
+        caption_file.write_text(caption_file.read_text() + "a third caption\n")
+    tokens = tmp_path / "tokens"
+    pretokenize(str(folder), tokens, VQGanVAE(*tiny_vqgan), shard_size=4, progress=False)
+
     def cfg(out, **kw):
         return token_config(tokens, out, batch_size=2, max_steps=None, epochs=2, num_workers=2, amp=False, **kw)
 
