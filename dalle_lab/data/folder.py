@@ -91,7 +91,58 @@ def _check_root(root) -> Path:
     return root
 
 
-class TextImageFolder(Dataset):
+class CaptionLines:
+    """Items with one or more caption lines each, and the caption checks training runs before step 1. Shared by
+    TextImageFolder and the pre-tokenized TokenShards (tokens.py); a subclass holds `keys`, `_captions` (a list of
+    lines per item) and `report` (a FolderReport), and says where an item's captions came from (`_caption_source`
+    for messages, `_caption_key` for the unknown-word report) and how to drop items (`_keep`)."""
+
+    def caption_lines_by_file(self) -> dict[str, list[str]]:
+        """Every usable caption line, keyed by its caption file (relative path)."""
+        return {self._caption_key(i): list(lines) for i, lines in enumerate(self._captions)}
+
+    def check_caption_lengths(self, count_tokens, text_seq_len: int, mode: str = "error") -> None:
+        """Check every caption line against text_seq_len before training: `count_tokens(list of captions)` gives
+        their token counts. mode "error": ValueError naming the first too-long line's file and line number;
+        "truncate": nothing to do (the tokenizer cuts); "skip": leave such lines out, and images left without a
+        line out of the dataset, counted in the report like corrupt images."""
+        if mode == "truncate":
+            return
+        flat = [(i, n, line) for i, lines in enumerate(self._captions) for n, line in enumerate(lines, 1)]
+        lengths = count_tokens([line for _, _, line in flat])
+        long = [(i, n, line, tokens) for (i, n, line), tokens in zip(flat, lengths) if tokens > text_seq_len]
+        if not long:
+            return
+        if mode == "error":
+            i, n, line, tokens = long[0]
+            from dalle_lab.tokenizers.base import shorten
+
+            more = f" ({len(long) - 1} more such lines)" if len(long) > 1 else ""
+            raise ValueError(f"{self._caption_source(i)}, line {n}: caption {shorten(line)} is {tokens} tokens long but "
+                             f"text_seq_len is {text_seq_len}{more}: pass --truncate_captions to cut such captions, "
+                             f"--skip_long_captions to leave them out, or a larger --text_seq_len")
+        drop = {(i, n) for i, n, _, _ in long}
+        kept = []
+        for i, key in enumerate(self.keys):
+            lines = [line for n, line in enumerate(self._captions[i], 1) if (i, n) not in drop]
+            if lines:
+                self._captions[i] = lines
+                kept.append(i)
+            else:
+                self.report.long_caption.append(key)
+        self.report.long_caption_lines += len(long)
+        self._keep(kept)
+        self.report.images = len(self.keys)
+        logger.warning("image-text folder: %s", self.report.summary())
+        if not self.keys:
+            raise ValueError(f"every caption in {str(self.report.root)!r} is longer than text_seq_len {text_seq_len}: "
+                             f"raise --text_seq_len or pass --truncate_captions")
+
+    def captions(self, index: int) -> list[str]:
+        return list(self._captions[index])
+
+
+class TextImageFolder(CaptionLines, Dataset):
     """Items `(image (3,H,W) float in [0,1], caption)`, or `(text_tokens (text_seq_len,), image)` with a tokenizer.
 
     Images are scaled (shorter side to `image_size`) and centre-cropped. A caption that does not fit
@@ -160,52 +211,29 @@ class TextImageFolder(Dataset):
     def __len__(self) -> int:
         return len(self.keys)
 
-    def caption_lines_by_file(self) -> dict[str, list[str]]:
-        """Every usable caption line, keyed by its caption file (relative path)."""
-        return {self._caption_files[i].relative_to(self.root).as_posix(): list(lines)
-                for i, lines in enumerate(self._captions)}
+    def _caption_source(self, index: int) -> str:
+        return str(self._caption_files[index])
 
-    def check_caption_lengths(self, count_tokens, text_seq_len: int, mode: str = "error") -> None:
-        """Check every caption line against text_seq_len before training: `count_tokens(list of captions)` gives
-        their token counts. mode "error": ValueError naming the first too-long line's file and line number;
-        "truncate": nothing to do (the tokenizer cuts); "skip": leave such lines out, and images left without a
-        line out of the dataset, counted in the report like corrupt images."""
-        if mode == "truncate":
-            return
-        flat = [(i, n, line) for i, lines in enumerate(self._captions) for n, line in enumerate(lines, 1)]
-        lengths = count_tokens([line for _, _, line in flat])
-        long = [(i, n, line, tokens) for (i, n, line), tokens in zip(flat, lengths) if tokens > text_seq_len]
-        if not long:
-            return
-        if mode == "error":
-            i, n, line, tokens = long[0]
-            from dalle_lab.tokenizers.base import shorten
+    def _caption_key(self, index: int) -> str:
+        return self._caption_files[index].relative_to(self.root).as_posix()
 
-            more = f" ({len(long) - 1} more such lines)" if len(long) > 1 else ""
-            raise ValueError(f"{self._caption_files[i]}, line {n}: caption {shorten(line)} is {tokens} tokens long but "
-                             f"text_seq_len is {text_seq_len}{more}: pass --truncate_captions to cut such captions, "
-                             f"--skip_long_captions to leave them out, or a larger --text_seq_len")
-        drop = {(i, n) for i, n, _, _ in long}
-        kept = []
-        for i, key in enumerate(self.keys):
-            lines = [line for n, line in enumerate(self._captions[i], 1) if (i, n) not in drop]
-            if lines:
-                kept.append((key, self._images[i], lines, self._caption_files[i]))
-            else:
-                self.report.long_caption.append(key)
-        self.report.long_caption_lines += len(long)
-        self.keys = [k for k, _, _, _ in kept]
-        self._images = [image for _, image, _, _ in kept]
-        self._captions = [lines for _, _, lines, _ in kept]
-        self._caption_files = [f for _, _, _, f in kept]
-        self.report.images = len(self.keys)
-        logger.warning("image-text folder: %s", self.report.summary())
-        if not self.keys:
-            raise ValueError(f"every caption in {str(self.root)!r} is longer than text_seq_len {text_seq_len}: "
-                             f"raise --text_seq_len or pass --truncate_captions")
+    def _keep(self, positions: list[int]) -> None:
+        self.keys = [self.keys[i] for i in positions]
+        self._images = [self._images[i] for i in positions]
+        self._captions = [self._captions[i] for i in positions]
+        self._caption_files = [self._caption_files[i] for i in positions]
 
-    def captions(self, index: int) -> list[str]:
-        return list(self._captions[index])
+    def load(self, index: int):
+        """Item `index`'s image, or None when it cannot be decoded (reported once, like `get` does): for tools that
+        visit every item once (pre-tokenizing) and must count what they skip rather than substitute another item."""
+        key = self.keys[index]
+        if key in self.report.corrupt_image:
+            return None
+        try:
+            return load_image(self._images[index], self.image_size)
+        except Exception as error:  # PIL raises many types for bad files
+            self._mark_corrupt(key, error)
+            return None
 
     def _tokenize(self, caption: str, index: int):
         try:

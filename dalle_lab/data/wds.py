@@ -39,12 +39,20 @@ def distributed_rank() -> tuple[int, int]:
     return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
 
 
-def _expand(urls) -> list[str]:
+def expand_urls(urls) -> list[str]:
+    """Shard paths from a brace pattern ("data/shard-{000..099}.tar") or a list."""
     import webdataset as wds
 
     if isinstance(urls, str):
         return list(wds.shardlists.expand_urls(urls))
     return [str(url) for url in urls]
+
+
+def shard_samples(url: str) -> Iterator[dict]:
+    """The raw samples of one shard in file order, unsplit (for tools that read every shard once: pretokenize)."""
+    import webdataset as wds
+
+    return iter(wds.WebDataset([url], shardshuffle=False, nodesplitter=None, empty_check=False))
 
 
 def _split_by_rank(shards: Iterator[dict], rank: int, world_size: int) -> Iterator[dict]:
@@ -79,23 +87,39 @@ def _shuffle_samples(samples: Iterator, buffer_size: int, seed: int, epoch: int,
     yield from buffer
 
 
+class BadSample(ValueError):
+    """A shard sample that cannot be used (no image, no caption, corrupt image); the message says why."""
+
+
+def sample_location(sample: dict) -> str:
+    return f"{sample.get('__url__', '?')}:{sample.get('__key__', '?')}"
+
+
+def read_sample(sample: dict, image_size: int) -> tuple:
+    """(image (3, S, S) in [0, 1], every caption line) of one raw shard sample; BadSample says why it is unusable.
+    The one place a shard sample is read: training (`_decode`) and pre-tokenizing (pretokenize.py) both use it."""
+    image_key = next((key for key in _IMAGE_KEYS if key in sample), None)
+    if image_key is None or "txt" not in sample:
+        raise BadSample(f"needs an image ({'/'.join(_IMAGE_KEYS)}) and a txt, has "
+                        f"{sorted(k for k in sample if not k.startswith('__'))}")
+    captions = [line.strip() for line in sample["txt"].decode("utf-8", "replace").splitlines() if line.strip()]
+    if not captions:
+        raise BadSample("empty caption")
+    try:
+        image = load_image(io.BytesIO(sample[image_key]), image_size)
+    except Exception as error:  # PIL raises many types for bad files
+        raise BadSample(f"corrupt image ({type(error).__name__}: {error})") from error
+    return image, captions
+
+
 def _decode(samples: Iterator[dict], image_size: int, tokenizer, text_seq_len, truncate_captions, seed: int = 0,
             epoch: int = 0, long_captions=None) -> Iterator[tuple]:
     for sample in samples:
-        where = f"{sample.get('__url__', '?')}:{sample.get('__key__', '?')}"
-        image_key = next((key for key in _IMAGE_KEYS if key in sample), None)
-        if image_key is None or "txt" not in sample:
-            logger.warning("skipping shard sample %s: needs an image (%s) and a txt, has %s",
-                           where, "/".join(_IMAGE_KEYS), sorted(k for k in sample if not k.startswith("__")))
-            continue
-        captions = [line.strip() for line in sample["txt"].decode("utf-8", "replace").splitlines() if line.strip()]
-        if not captions:
-            logger.warning("skipping shard sample %s: empty caption", where)
-            continue
+        where = sample_location(sample)
         try:
-            image = load_image(io.BytesIO(sample[image_key]), image_size)
-        except Exception as error:  # PIL raises many types for bad files
-            logger.warning("skipping shard sample %s: corrupt image (%s: %s)", where, type(error).__name__, error)
+            image, captions = read_sample(sample, image_size)
+        except BadSample as error:
+            logger.warning("skipping shard sample %s: %s", where, error)
             continue
         caption = captions[_seed("wds-caption", seed, epoch, where) % len(captions)] if len(captions) > 1 \
             else captions[0]
@@ -124,7 +148,7 @@ def webdataset_dataset(urls, image_size: int = 32, tokenizer=None, text_seq_len:
 
     if tokenizer is not None and not text_seq_len:
         raise ValueError("webdataset_dataset with a tokenizer needs text_seq_len (the model's text context length)")
-    shards = _expand(urls)
+    shards = expand_urls(urls)
     if not shards:
         raise ValueError(f"no WebDataset shards in {urls!r}")
     default_rank, default_world = distributed_rank()

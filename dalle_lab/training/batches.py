@@ -1,6 +1,7 @@
 """Where training batches come from, and how far into them a run has got (so a resume continues exactly).
 
-Every source yields (captions, images) for this rank: a list of strings and a float tensor (B, 3, H, W) in [0, 1].
+Every source yields (captions, images) for this rank: a list of strings and a float tensor (B, 3, H, W) in [0, 1],
+or, from pre-tokenized data (`pretokenized` True), the image token ids (B, fmap_size**2) the VQGAN made once.
 Each source reports a `position` dict that goes into the checkpoint and is handed back to resume.
 
 - ShapesStream: the built-in Shapes data, freshly rendered. Sample i of the stream is a deterministic function of
@@ -8,7 +9,9 @@ Each source reports a `position` dict that goes into the checkpoint and is hande
   exactly the samples one process with batch W*b would see.
 - FolderBatches: an image-text folder, reshuffled every epoch from (seed, epoch), split rank-strided. Which of
   an image's captions is used is drawn from (seed, epoch, position in the epoch's order), not by the worker that
-  happens to load it, so num_workers and a mid-epoch resume change nothing.
+  happens to load it, so num_workers and a mid-epoch resume change nothing. Pre-tokenized data
+  (dalle_lab.data.tokens.TokenShards) goes through the same class: the same order and caption draws as the folder
+  it was made from.
 - WebDatasetBatches: WebDataset shards (the loader splits shards across ranks, shuffles shards and samples from
   (seed, epoch)); resume replays the epoch's stream and skips the consumed batches.
 """
@@ -24,6 +27,8 @@ SHAPES_STREAM_LENGTH = 2**31 - 1
 
 
 class ShapesStream:
+    pretokenized = False
+
     def __init__(self, batch_size: int, image_size: int, seed: int = 0, rank: int = 0, world_size: int = 1,
                  position: dict | None = None):
         from dalle_lab.data.shapes import ShapesDataset
@@ -49,8 +54,9 @@ class FolderBatches:
     """A map-style dataset of (image, caption), epoch by epoch; drops the last incomplete global batch."""
 
     def __init__(self, dataset, batch_size: int, seed: int = 0, rank: int = 0, world_size: int = 1,
-                 position: dict | None = None, num_workers: int = 0):
-        self.dataset, self.batch_size, self.seed = dataset, batch_size, seed
+                 position: dict | None = None, num_workers: int = 0, kind: str = "folder"):
+        self.dataset, self.batch_size, self.seed, self.kind = dataset, batch_size, seed, kind
+        self.pretokenized = kind == "tokens"  # items are (image token ids, caption): no VQGAN encoding to do
         self.rank, self.world_size, self.num_workers = rank, world_size, num_workers
         self.epoch = int(position["epoch"]) if position else 0
         self.batch_in_epoch = int(position["batch"]) if position else 0
@@ -62,7 +68,7 @@ class FolderBatches:
 
     @property
     def position(self) -> dict:
-        return {"kind": "folder", "epoch": self.epoch, "batch": self.batch_in_epoch}
+        return {"kind": self.kind, "epoch": self.epoch, "batch": self.batch_in_epoch}
 
     def _epoch_items(self) -> list[tuple[int, int]]:
         """This rank's remaining (dataset index, caption draw) pairs of the epoch. The draw is a function of (seed,
@@ -100,6 +106,8 @@ class FolderBatches:
 class WebDatasetBatches:
     """WebDataset shards through dalle_lab.data.webdataset_loader. Resume replays the stream and skips the batches
     already consumed (shards stream; there is no random access), so the position is the batch count."""
+
+    pretokenized = False
 
     def __init__(self, urls, batch_size: int, image_size: int, seed: int = 0, position: dict | None = None,
                  num_workers: int = 0, long_captions=None, rank: int = 0):

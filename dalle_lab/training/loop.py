@@ -63,6 +63,7 @@ def train(cfg: TrainConfig, model_overrides: dict | None = None, *, tokenizer=No
         vae = (ckpt_io.vae_from_identity(init_ckpt["vae"], cfg.dalle_path or resume_path)
                if init_ckpt and cfg.vqgan_model_path is None else _vae(cfg))
     vae = vae.to(device).eval()
+    _check_token_vae(cfg, vae)
     if init_ckpt:
         ckpt_io.check_identities(init_ckpt, tokenizer.identity, vae.identity, resume_path or cfg.dalle_path)
 
@@ -147,8 +148,11 @@ def train(cfg: TrainConfig, model_overrides: dict | None = None, *, tokenizer=No
                 attempt += 1
                 text = tokenizer.tokenize(captions, model.config.text_seq_len,
                                           truncate_text=cfg.truncate_captions).to(device)
-                with torch.no_grad():
-                    image_tokens = vae.get_codebook_indices(images.to(device))
+                if source.pretokenized:  # codes made once by pretokenize (the same VQGAN, checked at start)
+                    image_tokens = images.to(device)
+                else:
+                    with torch.no_grad():
+                        image_tokens = vae.get_codebook_indices(images.to(device))
                 last_micro = done + 1 == ga_steps
                 with engine.micro_batch(last_micro):  # DDP: no gradient all-reduce before the last micro-batch
                     out = engine.forward(text, image_tokens)
@@ -249,10 +253,29 @@ def _tokenizer(cfg: TrainConfig):
     return get_tokenizer(cfg.bpe_path, dataset=_builtin(cfg))
 
 
+def _token_dir(cfg: TrainConfig) -> bool:
+    """--image_text_folder names pre-tokenized data (a directory with the index pretokenize writes)."""
+    from dalle_lab.data.tokens import is_token_dir
+
+    return bool(cfg.image_text_folder) and not cfg.wds and is_token_dir(cfg.image_text_folder)
+
+
+def _check_token_vae(cfg: TrainConfig, vae) -> None:
+    """Pre-tokenized codes mean something only to the VQGAN that made them (it still decodes the sample grids)."""
+    if _token_dir(cfg):
+        from dalle_lab.data.tokens import check_vae, read_index
+
+        check_vae(read_index(cfg.image_text_folder), vae.identity, cfg.image_text_folder)
+
+
 def _vae(cfg: TrainConfig):
     if (cfg.vqgan_model_path is None) != (cfg.vqgan_config_path is None):
         raise ValueError("give both --vqgan_model_path (.ckpt) and --vqgan_config_path (.yaml), or neither for the "
                          f"default image tokenizer of --dataset {cfg.dataset}")
+    if cfg.vqgan_model_path is None and _token_dir(cfg):  # the VQGAN the tokens were made with, as recorded
+        from dalle_lab.data.tokens import read_index
+
+        return ckpt_io.vae_from_identity(read_index(cfg.image_text_folder)["vae"], cfg.image_text_folder)
     if cfg.vqgan_model_path:
         from dalle_lab.vae import VQGanVAE
 
@@ -352,7 +375,7 @@ def _source(cfg: TrainConfig, dist: DistInfo, batch_size: int, image_size: int, 
 
     if position and position.get("kind") != _source_kind(cfg):
         kinds = {"shapes": "the built-in Shapes stream", "folder": "an image-text folder or the built-in emoji data",
-                 "webdataset": "WebDataset shards"}
+                 "webdataset": "WebDataset shards", "tokens": "pre-tokenized data"}
         raise ckpt_io.CheckpointError(
             f"the checkpoint was reading {kinds.get(position.get('kind'), position.get('kind'))}, this run reads "
             f"{kinds[_source_kind(cfg)]}: resume with the data flags of the original run "
@@ -365,6 +388,12 @@ def _source(cfg: TrainConfig, dist: DistInfo, batch_size: int, image_size: int, 
                              "--image_text_folder, e.g. --image_text_folder 'shards/data-{000..009}.tar' --wds jpg,txt")
         return WebDatasetBatches(cfg.image_text_folder, batch_size, image_size, cfg.seed, position, cfg.num_workers,
                                  long_captions=LongCaptionCheck(tokenizer, text_seq_len, mode), rank=dist.rank)
+    if _token_dir(cfg):
+        from dalle_lab.data.tokens import TokenShards
+
+        dataset = check_dataset_captions(TokenShards(cfg.image_text_folder), tokenizer, text_seq_len, mode, say)
+        return FolderBatches(dataset, batch_size, cfg.seed, dist.rank, dist.world_size, position, cfg.num_workers,
+                             kind="tokens")
     if cfg.image_text_folder or _builtin(cfg) == "emoji":
         if cfg.image_text_folder:
             from dalle_lab.data import TextImageFolder
@@ -383,6 +412,8 @@ def _source_kind(cfg: TrainConfig) -> str:
     """What kind of position a source of these settings records (see batches.py)."""
     if cfg.wds:
         return "webdataset"
+    if _token_dir(cfg):
+        return "tokens"
     return "folder" if cfg.image_text_folder or cfg.dataset != "shapes" else "shapes"
 
 
