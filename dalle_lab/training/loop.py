@@ -69,6 +69,7 @@ def train(cfg: TrainConfig, model_overrides: dict | None = None, *, tokenizer=No
     torch.manual_seed(cfg.seed)  # the same initial weights on every rank
     model_config = _model_config(model_overrides or {}, tokenizer, vae, init_ckpt, _dataset_model_defaults(cfg))
     model = ckpt_io.build_model(model_config).to(device)
+    model.transformer.gradient_checkpointing = cfg.gradient_checkpointing  # changes memory and time, not numbers
     if init_ckpt:
         ckpt_io.load_model_state(model, init_ckpt["model"], resume_path or cfg.dalle_path)
 
