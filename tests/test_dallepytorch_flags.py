@@ -325,3 +325,134 @@ def test_flops_profiler_with_deepspeed_prints_the_report(tiny_vqgan, tmp_path, c
                     "--no-amp")
     assert code == 0
     assert "Flops Profiler" in capfd.readouterr().out
+
+
+# ------------------------------------------------------------------------------------------------ generate.py
+
+from test_cli import generate_main  # noqa: E402
+
+WORDS = ["a red green blue purple yellow circle square triangle above below left right of"]
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory, tiny_vqgan):
+    """A one-step checkpoint trained with its own vocabulary and its own copy of the VQGAN (so tests can move them)."""
+    from dalle_lab.tokenizers import train_bpe
+
+    root = tmp_path_factory.mktemp("trained")
+    files = root / "files"
+    files.mkdir()
+    train_bpe(WORDS, 60, files / "words.json")
+    for source, name in zip(tiny_vqgan, ("vq.ckpt", "vq.yaml")):
+        (files / name).write_bytes(source.read_bytes())
+    code, checkpoint = train(root, "--bpe_path", files / "words.json", "--vqgan_model_path", files / "vq.ckpt",
+                             "--vqgan_config_path", files / "vq.yaml", "--truncate_captions")
+    assert code == 0
+    return checkpoint, files
+
+
+def manifest(folder):
+    import json
+
+    return [json.loads(line) for line in (folder / "manifest.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.parametrize("top_k, k", [("0.9", 6), ("0.5", 32), ("10", 10), ("1.0", 1), ("0", None)])
+def test_top_k_is_a_count_or_dallepytorchs_threshold(trained, tmp_path, top_k, k):
+    checkpoint, _ = trained
+    out = tmp_path / "out"
+    assert generate_main("--dalle_path", checkpoint, "--text", "a red circle", "--num_images", "2", "--batch_size",
+                         "1", "--top_k", top_k, "--outputs_dir", out) == 0
+    records = manifest(out)
+    assert len(records) == 2 and {r["top_k"] for r in records} == {k}  # 64 image tokens: 0.9 keeps int(6.4)
+    assert (out / records[0]["file"]).is_file()
+
+
+@pytest.mark.parametrize("top_k", ["2.5", "-1", "ten"])
+def test_a_top_k_that_is_neither_fails_in_one_line(trained, top_k, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        generate_main("--dalle_path", trained[0], "--text", "a red circle", "--top_k", top_k)
+    assert exit_.value.code == 2
+    assert f"argument --top_k: {top_k!r}: give a count (an integer >= 1, 0 for none) or DALLE-pytorch's filter " \
+           "threshold in (0, 1)" in capsys.readouterr().err
+
+
+def test_moved_vocabulary_and_vqgan_are_pointed_at(trained, tmp_path, capsys):
+    checkpoint, files = trained
+    moved = tmp_path / "moved"
+    files.rename(moved)
+    try:
+        args = ["--dalle_path", checkpoint, "--text", "a red circle", "--num_images", "1", "--outputs_dir", tmp_path]
+        assert generate_main(*args) == 1
+        assert "copy that file here and pass it with --bpe_path" in capsys.readouterr().err
+        assert generate_main(*args, "--bpe_path", moved / "words.json") == 1
+        err = capsys.readouterr().err
+        assert "copy that VQGAN here and pass it with --vqgan_model_path/--vqgan_config_path" in err
+        assert generate_main(*args, "--bpe_path", moved / "words.json", "--vqgan_model_path", moved / "vq.ckpt",
+                             "--vqgan_config_path", moved / "vq.yaml") == 0
+        assert generate_main(*args, "--bpe_path", moved / "nowhere.json") == 1
+        assert "--bpe_path " in capsys.readouterr().err
+        assert generate_main(*args, "--bpe_path", moved / "words.json", "--vqgan_model_path", moved / "vq.ckpt") == 2
+        assert "give both --vqgan_model_path (.ckpt) and --vqgan_config_path" in capsys.readouterr().err
+    finally:
+        moved.rename(files)
+
+
+def test_another_vocabulary_is_refused_even_when_pointed_at(trained, tmp_path, capsys):
+    from dalle_lab.tokenizers import DEFAULT_BPE_PATH
+
+    assert generate_main("--dalle_path", trained[0], "--text", "a red circle", "--bpe_path", DEFAULT_BPE_PATH,
+                         "--outputs_dir", tmp_path) == 1
+    assert "has changed since the checkpoint was written" in capsys.readouterr().err
+
+
+def test_hug_chinese_taming_in_generate(trained, tmp_path, capsys):
+    from dalle_lab.tokenizers import DEFAULT_BPE_PATH
+
+    checkpoint, files = trained
+    base = ["--dalle_path", checkpoint, "--text", "a red circle", "--num_images", "1", "--outputs_dir", tmp_path]
+    assert generate_main(*base, "--hug", "--bpe_path", files / "words.json", "--chinese", "--taming") == 0
+    err = capsys.readouterr().err
+    assert "--taming: the VQGAN is dalle_lab's only image tokenizer" in err
+    assert generate_main(*base, "--chinese") == 0
+    assert "--chinese: the checkpoint's recorded vocabulary is used" in capsys.readouterr().err
+    assert generate_main(*base, "--hug", "--bpe_path", DEFAULT_BPE_PATH) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "is not a HuggingFace tokenizers JSON file: drop --hug" in err[0]
+
+
+def test_gentxt_completes_the_caption_then_draws_it(trained, tmp_path, capsys):
+    checkpoint, _ = trained
+    out = tmp_path / "out"
+    args = ["--dalle_path", checkpoint, "--text", "a red|a blue|a green", "--num_images", "1", "--top_k", "0.5",
+            "--gentxt", "--outputs_dir", out]
+    assert generate_main(*args) == 0
+    lines = [l for l in capsys.readouterr().out.splitlines() if l.startswith("completed caption:")]
+    completed = [line.split(" -> ", 1)[1][1:-1] for line in lines]
+    assert [c.startswith(given) for c, given in zip(completed, ["a red", "a blue", "a green"])] == [True] * 3
+    assert completed != ["a red", "a blue", "a green"]  # an untrained text head rarely ends at once (p ~ 1/30)
+    assert [r["caption"] for r in manifest(out)] == completed  # the images are drawn for the completed captions
+    assert generate_main(*args[:-1], tmp_path / "again") == 0  # the same seed, the same completions
+    assert [l for l in capsys.readouterr().out.splitlines() if l.startswith("completed caption:")] == lines
+
+
+def test_generate_texts_keeps_the_prefix_and_samples_only_real_tokens_or_the_end():
+    from dalle_lab.model.text_sampling import generate_texts
+
+    model = _tiny_dalle(text_seq_len=6).eval()
+    V = model.config.num_text_tokens
+    text = torch.tensor([[5, 6, 0, 0, 0, 0], [0, 0, 0, 0, 0, 0], [7, 8, 9, 10, 11, 12]])
+    generator = torch.Generator().manual_seed(0)
+    filled = generate_texts(model, text, temperature=1.0, generator=generator)
+    assert filled[0, :2].tolist() == [5, 6] and torch.equal(filled[2], text[2])
+    assert ((filled >= 0) & (filled < V)).all()
+    for row in filled.tolist():  # a caption, then only pads: nothing after its end
+        end = row.index(0) if 0 in row else len(row)
+        assert all(i != 0 for i in row[:end]) and all(i == 0 for i in row[end:])
+    with torch.no_grad():  # a text head that always ends: the caption stays as given
+        bias = model.to_text_logits.bias
+        bias[V:] += 100
+        assert torch.equal(generate_texts(model, text), text)
+        bias[V:] -= 100
+        bias[9] += 100  # ... and one that always says 9: every open position gets it
+        assert generate_texts(model, text)[0].tolist() == [5, 6, 9, 9, 9, 9]
