@@ -158,7 +158,7 @@ def parse_top_k(text: str) -> tuple[int | None, float | None]:
         return None, value
     raise argparse.ArgumentTypeError(
         f"{text!r}: give a count (an integer >= 1, 0 for none) or DALLE-pytorch's filter threshold in (0, 1) "
-        "(0.9 keeps the likeliest 10%% of image tokens)")
+        "(0.9 keeps the likeliest 10% of image tokens)")
 
 
 def add_generate_flags(parser: argparse.ArgumentParser) -> None:
