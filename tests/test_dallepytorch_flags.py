@@ -374,7 +374,7 @@ def test_a_top_k_that_is_neither_fails_in_one_line(trained, top_k, capsys):
         generate_main("--dalle_path", trained[0], "--text", "a red circle", "--top_k", top_k)
     assert exit_.value.code == 2
     assert f"argument --top_k: {top_k!r}: give a count (an integer >= 1, 0 for none) or DALLE-pytorch's filter " \
-           "threshold in (0, 1)" in capsys.readouterr().err
+           "threshold in (0, 1) (0.9 keeps the likeliest 10% of image tokens)\n" in capsys.readouterr().err
 
 
 def test_moved_vocabulary_and_vqgan_are_pointed_at(trained, tmp_path, capsys):
