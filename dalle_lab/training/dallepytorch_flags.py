@@ -70,8 +70,9 @@ def apply_train_flags(args: argparse.Namespace) -> list[str]:
         args.stable = True
     if values.get("reversible"):
         args.gradient_checkpointing = True
-        notes.append("--reversible: reversible layers are not implemented; --gradient_checkpointing saves the same "
-                     "activation memory (each block is recomputed in the backward) for the same model and numbers")
+        notes.append("--reversible: reversible layers are not implemented; --gradient_checkpointing is used instead: "
+                     "it also trades compute for activation memory (each block is recomputed in the backward), "
+                     "with the same model and numbers")
     if values.get("vae_path"):
         _vae_path(args, values["vae_path"], notes)
     if values.get("taming"):
