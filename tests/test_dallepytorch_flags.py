@@ -210,7 +210,12 @@ def test_epochs_alone_end_the_run_as_in_dallepytorch():
     assert epochs_end_the_run(cfg, given_flags(argv)).max_steps == 5
 
 
-def test_fp16_reversible_stable_softmax_taming_train_one_step(tiny_vqgan, tmp_path, capsys):
+def test_fp16_reversible_stable_softmax_taming_train_one_step(tiny_vqgan, tmp_path, capsys, monkeypatch):
+    import dalle_lab.model.transformer as transformer
+
+    recomputed = []
+    real = transformer.checkpoint
+    monkeypatch.setattr(transformer, "checkpoint", lambda *a, **k: recomputed.append(1) or real(*a, **k))
     code, checkpoint = train(tmp_path, *vqgan_flags(tiny_vqgan), "--fp16", "--reversible", "--stable_softmax",
                              "--taming", "--loss_img_weight", "7")
     assert code == 0
@@ -218,6 +223,7 @@ def test_fp16_reversible_stable_softmax_taming_train_one_step(tiny_vqgan, tmp_pa
     assert "--fp16: the CPU has no fast fp16 kernels" in err and "bf16 mixed precision" in err
     assert "--reversible: reversible layers are not implemented; --gradient_checkpointing is used instead" in err
     assert "--taming: the VQGAN is dalle_lab's only image tokenizer" in err
+    assert recomputed  # the training step went through the checkpointed blocks
     ckpt = saved(checkpoint)
     assert ckpt["config"]["stable"] is True
     assert ckpt["train_config"]["gradient_checkpointing"] is True
