@@ -4,12 +4,15 @@
     python generate.py --dalle_path runs/dalle/dalle.pt --text "a red circle|a blue square above a green triangle"
 
 Writes <outputs_dir>/<caption_with_underscores>/<i>.png, a grid.png per caption, and one line per image in
-<outputs_dir>/manifest.jsonl. The text and image tokenizers are found from what the checkpoint recorded.
+<outputs_dir>/manifest.jsonl. The text and image tokenizers are found from what the checkpoint recorded (or where
+--bpe_path / --vqgan_model_path + --vqgan_config_path say they are now). DALLE-pytorch's generate.py command lines
+work too (--top_k 0.9, --gentxt, --hug, ...: docs/training.md).
 """
 import argparse
 import sys
 from pathlib import Path
 
+from dalle_lab.training.dallepytorch_flags import FlagError, add_generate_flags, apply_generate_flags, parse_top_k
 from dalle_lab.training.generation import SamplingSettings
 
 DEFAULTS = SamplingSettings()
@@ -21,8 +24,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--text", required=True, help='caption(s), several separated by "|"')
     p.add_argument("--num_images", type=int, default=8, help="images per caption (default: 8)")
     p.add_argument("--batch_size", type=int, default=16, help="images sampled at once (default: 16)")
-    p.add_argument("--top_k", type=int, default=DEFAULTS.top_k,
-                   help=f"sample from the k likeliest image tokens (default: {DEFAULTS.top_k}; 0: no top-k)")
+    p.add_argument("--top_k", type=parse_top_k, default=str(DEFAULTS.top_k),
+                   help=f"sample from the k likeliest image tokens (default: {DEFAULTS.top_k}; 0: no top-k); a "
+                        "fraction in (0, 1) is DALLE-pytorch's filter threshold: 0.9 keeps the likeliest 10%%")
     p.add_argument("--top_p", type=float, default=DEFAULTS.top_p, help="nucleus sampling threshold (default: off)")
     p.add_argument("--temperature", type=float, default=DEFAULTS.temperature,
                    help=f"sampling temperature (default: {DEFAULTS.temperature})")
@@ -39,6 +43,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--attention_maps", action="store_true",
                    help="also save attention maps: where each image cell looked in the caption "
                         "(<outputs_dir>/<caption>/attention/)")
+    p.add_argument("--bpe_path", default=None,
+                   help="the checkpoint's text vocabulary where it is now (it must be the same file: hash checked)")
+    p.add_argument("--vqgan_model_path", default=None, help="the checkpoint's VQGAN .ckpt where it is now (same file)")
+    p.add_argument("--vqgan_config_path", default=None, help="the checkpoint's VQGAN .yaml where it is now")
+    p.add_argument("--gentxt", action="store_true",
+                   help="continue each caption with the model's text head first (printed), then draw the images "
+                        "for the completed caption")
+    add_generate_flags(p)
     return p
 
 
@@ -51,20 +63,39 @@ def main(argv=None) -> int:
     if args.num_images < 1 or args.batch_size < 1:
         print("generate.py: error: --num_images and --batch_size must be at least 1", file=sys.stderr)
         return 2
+    try:
+        for note in apply_generate_flags(args):
+            print(f"generate.py: note: {note}", file=sys.stderr)
+    except FlagError as err:
+        print(f"generate.py: error: {err}", file=sys.stderr)
+        return 2
 
     import torch
 
+    from dalle_lab.sampling import resolve_top_k
     from dalle_lab.training.captions import warn_unknown_words
     from dalle_lab.training.checkpoint import CheckpointError, load_dalle
-    from dalle_lab.training.generation import generate_to_folder
+    from dalle_lab.training.generation import complete_captions, generate_to_folder
     from dalle_lab.utils import pick_device
 
-    settings = SamplingSettings(top_k=args.top_k or None, top_p=args.top_p, temperature=args.temperature,
-                                cond_scale=args.cond_scale)
+    top_k, filter_thres = args.top_k
     try:
         device = pick_device(args.device)
-        dalle, tokenizer, vae = load_dalle(args.dalle_path, device)
+        vqgan = (args.vqgan_model_path, args.vqgan_config_path) if args.vqgan_model_path else None
+        dalle, tokenizer, vae = load_dalle(args.dalle_path, device, bpe_path=args.bpe_path, vqgan_paths=vqgan)
+        if filter_thres is not None:  # DALLE-pytorch's threshold, counted over the image vocabulary
+            top_k = resolve_top_k(None, filter_thres, dalle.config.num_image_tokens)
+        args.top_k = top_k  # a count from here on (the attention maps use it too)
+        settings = SamplingSettings(top_k=top_k, top_p=args.top_p, temperature=args.temperature,
+                                    cond_scale=args.cond_scale)
         warn_unknown_words(tokenizer, captions, "generate.py")  # named, then generated all the same
+        if args.gentxt:
+            completed = complete_captions(dalle, tokenizer, captions, settings, args.seed, args.truncate_captions,
+                                          filter_thres=filter_thres)
+            for given, caption in zip(captions, completed):
+                print(f"completed caption: {given!r} -> {caption!r}")
+            captions = completed
+            args.truncate_captions = True  # re-tokenized as typed: a BPE may spell the decoded text a token longer
         dalle.speculative_default = args.speculative  # every generate_images call below follows it
         with torch.inference_mode():
             records = generate_to_folder(dalle, vae, tokenizer, captions, args.outputs_dir, args.num_images,
@@ -92,7 +123,7 @@ def _attention_maps(dalle, tokenizer, vae, captions, args) -> None:
         text = tokenizer.tokenize([caption], dalle.config.text_seq_len, truncate_text=args.truncate_captions)
         text = text.to(next(dalle.parameters()).device)
         generator = torch.Generator(device=text.device).manual_seed(args.seed + c)
-        tokens = dalle.generate_images(text, top_k=args.top_k or None, top_p=args.top_p,
+        tokens = dalle.generate_images(text, top_k=args.top_k, top_p=args.top_p,
                                        temperature=args.temperature, cond_scale=args.cond_scale, return_tokens=True,
                                        generator=generator)
         labels = [tokenizer.decode([i]) for i in text[0].tolist() if i != 0]

@@ -11,13 +11,21 @@ All flags: python train_dalle.py --help. Everything else lives in dalle_lab.trai
 """
 import sys
 
-from dalle_lab.training.cli import build_train_parser, config_from_args, given_flags
+from dalle_lab.training.cli import build_train_parser, config_from_args, epochs_end_the_run, given_flags
+from dalle_lab.training.dallepytorch_flags import apply_train_flags
 
 
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     args = build_train_parser().parse_args(argv)
+    try:  # DALLE-pytorch's own flags (--fp16, --reversible, ...): translated with a note, or refused in one line
+        for note in apply_train_flags(args):
+            print(f"train_dalle.py: note: {note}", file=sys.stderr)
+    except ValueError as err:  # FlagError, or a --device that is not here
+        print(f"train_dalle.py: error: {err}", file=sys.stderr)
+        return 2
     cfg, model_overrides = config_from_args(args)
+    cfg = epochs_end_the_run(cfg, given_flags(argv))
 
     from dalle_lab.training.checkpoint import CheckpointError, read_checkpoint
     from dalle_lab.training.loop import NonFiniteLossError, resume_path, train

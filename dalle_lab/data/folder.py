@@ -145,13 +145,19 @@ class CaptionLines:
 class TextImageFolder(CaptionLines, Dataset):
     """Items `(image (3,H,W) float in [0,1], caption)`, or `(text_tokens (text_seq_len,), image)` with a tokenizer.
 
-    Images are scaled (shorter side to `image_size`) and centre-cropped. A caption that does not fit
-    `text_seq_len` raises a ValueError naming its file unless `truncate_captions=True`.
+    Images are scaled (shorter side to `image_size`) and centre-cropped; with crop_lower_ratio < 1 a random square
+    covering at least that fraction of the largest square is cut out instead (transforms.random_square_crop), drawn
+    from the item's caption draw, so training crops depend on (seed, epoch, position) only. A caption that does not
+    fit `text_seq_len` raises a ValueError naming its file unless `truncate_captions=True`.
     """
 
     def __init__(self, root, image_size: int = 32, tokenizer=None, text_seq_len: int | None = None,
-                 truncate_captions: bool = False, verify_images: bool = False):
+                 truncate_captions: bool = False, verify_images: bool = False, crop_lower_ratio: float = 1.0):
         self.root = _check_root(root)
+        if not 0.0 < crop_lower_ratio <= 1.0:
+            raise ValueError(f"--random_resize_crop_lower_ratio {crop_lower_ratio} must be in (0, 1] (DALLE-pytorch "
+                             "used 0.75; 1 is the centre crop)")
+        self.crop_lower_ratio = crop_lower_ratio
         if tokenizer is not None and not text_seq_len:
             raise ValueError("TextImageFolder with a tokenizer needs text_seq_len (the model's text context length)")
         self.image_size, self.tokenizer = int(image_size), tokenizer
@@ -255,8 +261,10 @@ class TextImageFolder(CaptionLines, Dataset):
             key = self.keys[position]
             if key in self.report.corrupt_image:
                 continue
+            # the crop's randomness comes from the same draw as the caption (random's own when there is none)
+            rng = random.Random(caption_draw) if caption_draw is not None else random
             try:
-                image = load_image(self._images[position], self.image_size)
+                image = load_image(self._images[position], self.image_size, self.crop_lower_ratio, rng)
             except Exception as error:
                 self._mark_corrupt(key, error)
                 continue

@@ -1,4 +1,6 @@
-"""Image loading shared by the folder, shard and emoji datasets: RGB, resize + centre crop, tensor in [0, 1]."""
+"""Image loading shared by the folder, shard and emoji datasets: RGB, resize + centre crop (or a random square
+crop for folders, DALLE-pytorch's --random_resize_crop_lower_ratio), tensor in [0, 1]. torchvision is not a
+dependency: the crops are PIL arithmetic."""
 from __future__ import annotations
 
 import numpy as np
@@ -31,14 +33,31 @@ def resize_center_crop(image, size: int):
     return image.crop((left, top, left + size, top + size))
 
 
+def random_square_crop(image, size: int, lower_ratio: float, rng):
+    """A random square covering a fraction in [lower_ratio, 1] of the area of the image's largest square, at a
+    random place, resized to `size`. For a square image this is torchvision's RandomResizedCrop(size,
+    scale=(lower_ratio, 1), ratio=(1, 1)), which DALLE-pytorch used; for other shapes the fraction is of the largest
+    square rather than of the whole image, so every draw fits and no retries are needed. rng: a random.Random."""
+    from PIL import Image
+
+    if not 0.0 < lower_ratio <= 1.0:
+        raise ValueError(f"random_resize_crop_lower_ratio {lower_ratio} must be in (0, 1] (DALLE-pytorch used 0.75; "
+                         "1 is the centre crop)")
+    width, height = image.size
+    side = max(1, round(min(width, height) * rng.uniform(lower_ratio, 1.0) ** 0.5))
+    left, top = rng.randint(0, width - side), rng.randint(0, height - side)
+    return image.resize((size, size), Image.BICUBIC, box=(left, top, left + side, top + side), reducing_gap=3.0)
+
+
 def pil_to_tensor(image) -> torch.Tensor:
     """RGB PIL image -> (3, H, W) float tensor in [0, 1]."""
     array = np.asarray(image, dtype=np.uint8)
     return torch.from_numpy(array.copy()).permute(2, 0, 1).float().div_(255)
 
 
-def load_image(source, size: int) -> torch.Tensor:
+def load_image(source, size: int, crop_lower_ratio: float = 1.0, rng=None) -> torch.Tensor:
     """Open (a path or a file object), convert, resize and crop an image: (3, size, size) float in [0, 1].
+    crop_lower_ratio < 1: a random square crop drawn from rng (random_square_crop) instead of the centre crop.
 
     Raises whatever PIL raises for an unreadable file; callers report and skip it.
     """
@@ -46,4 +65,6 @@ def load_image(source, size: int) -> torch.Tensor:
 
     with Image.open(source) as image:
         image.load()  # decode fully here, so a truncated file fails now and not later
+        if crop_lower_ratio < 1.0:
+            return pil_to_tensor(random_square_crop(to_rgb(image), size, crop_lower_ratio, rng))
         return pil_to_tensor(resize_center_crop(to_rgb(image), size))

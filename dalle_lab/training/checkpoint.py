@@ -185,7 +185,10 @@ def vae_from_identity(identity: dict, path="checkpoint"):
 
     try:
         return load_vae(identity)
-    except (FileNotFoundError, ValueError, KeyError) as err:
+    except FileNotFoundError as err:
+        raise CheckpointError(f"{path} needs the image tokenizer it was trained with: {err}; copy that VQGAN here and "
+                              "pass it with --vqgan_model_path/--vqgan_config_path") from err
+    except (ValueError, KeyError) as err:
         raise CheckpointError(f"{path} needs the image tokenizer it was trained with: {err}") from err
 
 
@@ -228,11 +231,28 @@ def _config_fields_for(model, shape: tuple) -> str:
     return ", ".join(found) or "its fields"
 
 
-def load_dalle(path: str | os.PathLike, device="cpu"):
-    """(dalle, tokenizer, vae) from a checkpoint, ready for generation: eval mode, on `device`."""
+def load_dalle(path: str | os.PathLike, device="cpu", bpe_path=None, vqgan_paths=None):
+    """(dalle, tokenizer, vae) from a checkpoint, ready for generation: eval mode, on `device`.
+
+    bpe_path / vqgan_paths (model .ckpt, config .yaml): where the recorded vocabulary / VQGAN are now, for a
+    checkpoint whose files moved (generate.py --bpe_path, --vqgan_model_path + --vqgan_config_path). They must be
+    the very files it was trained with: the recorded hashes are checked, as for the recorded paths.
+    """
     ckpt = read_checkpoint(path)
-    tokenizer = tokenizer_from_identity(ckpt["tokenizer"], path)
-    vae = vae_from_identity(ckpt["vae"], path)
+    tokenizer_identity, vae_identity = ckpt["tokenizer"], ckpt["vae"]
+    if bpe_path is not None:
+        if not Path(bpe_path).is_file():
+            raise CheckpointError(f"--bpe_path {bpe_path} does not exist: pass the vocabulary {path} was trained with "
+                                  f"(it recorded {_describe(tokenizer_identity)})")
+        tokenizer_identity = {**tokenizer_identity, "path": str(bpe_path)}
+    if vqgan_paths is not None:
+        for given in vqgan_paths:
+            if not Path(given).is_file():
+                raise CheckpointError(f"--vqgan_model_path/--vqgan_config_path {given} does not exist: pass the VQGAN "
+                                      f"{path} was trained with (it recorded {_describe(vae_identity)})")
+        vae_identity = {**vae_identity, "model_path": str(vqgan_paths[0]), "config_path": str(vqgan_paths[1])}
+    tokenizer = tokenizer_from_identity(tokenizer_identity, path)
+    vae = vae_from_identity(vae_identity, path)
     dalle = build_model(ckpt["config"], vae=vae)
     load_model_state(dalle, ckpt["model"], path)
     dalle.to(device).eval()

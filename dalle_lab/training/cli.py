@@ -9,6 +9,7 @@ import dataclasses
 import typing
 
 from .config import TrainConfig
+from .dallepytorch_flags import GIVES, add_train_flags, apply_train_flags
 from .schedule import DECAYS
 
 # model fields the data decides (the tokenizer's vocab, the VAE's codebook and grid): not flags with a default
@@ -58,6 +59,10 @@ HELP = {
     "log_every_n_steps": "console/wandb logging interval",
     "wandb_name": "log to wandb under this run name (WANDB_MODE=offline|disabled honoured)",
     "wandb_entity": "wandb entity", "wandb_project": "wandb project", "progress": "show the progress bar",
+    "random_resize_crop_lower_ratio": "folders: random square crops of at least this fraction of the largest square "
+                                      "(DALLE-pytorch's default was 0.75; 1: centre crop)",
+    "gradient_checkpointing": "recompute each block in the backward: less memory, ~1/3 more compute, same numbers",
+    "flops_profiler": "DeepSpeed's flops profiler on the run's last step (needs --deepspeed)",
 }
 
 
@@ -107,10 +112,9 @@ def build_train_parser() -> argparse.ArgumentParser:
                           help=HELP["lr_decay"])
     training.add_argument("--sample_captions", type=str, default=None, help=HELP["sample_captions"])
     training.add_argument("--deepspeed", action="store_true", default=defaults.deepspeed, help=HELP["deepspeed"])
-    training.add_argument("--distributed_backend", choices=("deepspeed",), default=None,
-                          help="deepspeed: train with DeepSpeed (DALLE-pytorch's flag)")
     # the deepspeed launcher passes --local_rank to every process; LOCAL_RANK in the environment says the same
     training.add_argument("--local_rank", type=int, default=None, help=argparse.SUPPRESS)
+    add_train_flags(parser)  # DALLE-pytorch's flags without a config field of their own
     return parser
 
 
@@ -120,15 +124,25 @@ def given_flags(argv) -> set[str]:
     for action in parser._actions:
         action.default = argparse.SUPPRESS
     given = set(vars(parser.parse_args(argv)))
-    if "distributed_backend" in given:
-        given.add("deepspeed")
+    for flag, settings in GIVES.items():
+        if flag in given:
+            given.update(settings)
     return given
+
+
+def epochs_end_the_run(cfg: TrainConfig, given: set[str]) -> TrainConfig:
+    """--epochs without --max_steps: the epochs decide the length (as in DALLE-pytorch), not the default step budget.
+    A resume takes both from its checkpoint instead (resume.settings_from_checkpoint)."""
+    if "epochs" in given and "max_steps" not in given and not cfg.resume:
+        return dataclasses.replace(cfg, max_steps=None)
+    return cfg
 
 
 def config_from_args(args: argparse.Namespace) -> tuple[TrainConfig, dict]:
     """(TrainConfig, DALLEConfig overrides) from parsed arguments."""
     from dalle_lab.model import DALLEConfig
 
+    apply_train_flags(args)  # a no-op when train_dalle.py has already done it (and printed its notes)
     values = vars(args).copy()
     model_names = {f.name for f in dataclasses.fields(DALLEConfig)} - DERIVED_MODEL_FIELDS
     overrides = {name: values.pop(name) for name in model_names if name in values}
@@ -136,8 +150,7 @@ def config_from_args(args: argparse.Namespace) -> tuple[TrainConfig, dict]:
         if overrides.get(name) is None:
             overrides.pop(name, None)
     values.pop("local_rank", None)
-    backend = values.pop("distributed_backend", None)
-    values["deepspeed"] = bool(values.get("deepspeed")) or backend == "deepspeed"
+    values["deepspeed"] = bool(values.get("deepspeed"))
     captions = values.pop("sample_captions", None)
     values["sample_captions"] = [c.strip() for c in captions.split("|") if c.strip()] if captions else []
     return TrainConfig(**values), overrides

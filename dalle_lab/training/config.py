@@ -18,6 +18,9 @@ class TrainConfig:
     truncate_captions: bool = False  # cut captions longer than text_seq_len (else: an error before step 1)
     skip_long_captions: bool = False  # leave such captions (and images left without one) out, reported
     num_workers: int = 0
+    # image_text_folder images: a random square crop covering this fraction of the largest square or more, then
+    # resized (DALLE-pytorch's RandomResizedCrop lower bound; it defaulted to 0.75). 1: the centre crop, no randomness
+    random_resize_crop_lower_ratio: float = 1.0
 
     # tokenizers
     bpe_path: str | None = None  # None: the shipped vocabulary
@@ -52,6 +55,10 @@ class TrainConfig:
     deepspeed: bool = False
     deepspeed_config: str | None = None  # a user's DeepSpeed JSON: honoured; only what it leaves out is filled
     zero_stage: int | None = None  # None: the user's config decides, else 0
+    # recompute each transformer block in the backward instead of storing its activations: less memory, ~1/3 more
+    # compute, the same numbers (so a resume may switch it freely)
+    gradient_checkpointing: bool = False
+    flops_profiler: bool = False  # DeepSpeed's flops profiler: one detailed report of the run's last step
 
     # files
     output_dir: str = "runs/dalle"

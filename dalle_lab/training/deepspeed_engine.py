@@ -46,8 +46,11 @@ def read_user_config(path) -> dict:
 
 
 def build_deepspeed_config(user: dict, *, batch_size: int, ga_steps: int, world_size: int, clip_grad_norm: float,
-                           precision: Precision, zero_stage: int | None = None) -> dict:
-    """The user's config with only the missing keys filled from our flags (the user's values always win)."""
+                           precision: Precision, zero_stage: int | None = None,
+                           flops_profile_step: int | None = None) -> dict:
+    """The user's config with only the missing keys filled from our flags (the user's values always win).
+    flops_profile_step: switch DeepSpeed's flops profiler on for that engine step (0 = the first), as
+    DALLE-pytorch's --flops_profiler did (a detailed per-module report printed after that step)."""
     config = json.loads(json.dumps(user))  # deep copy: never modify the caller's dict
     micro = config.get("train_micro_batch_size_per_gpu")
     ga = config.get("gradient_accumulation_steps")
@@ -76,6 +79,9 @@ def build_deepspeed_config(user: dict, *, batch_size: int, ga_steps: int, world_
     optimizer = config.get("optimizer")
     if optimizer and str(optimizer.get("type", "")).lower() in ("adam", "adamw"):
         optimizer.setdefault("params", {}).setdefault("torch_adam", True)  # no FusedAdam/CPUAdam compile
+    if flops_profile_step is not None:
+        config.setdefault("flops_profiler", {"enabled": True, "profile_step": flops_profile_step, "module_depth": -1,
+                                             "top_modules": 1, "detailed": True})
     config.setdefault("steps_per_print", 10**9)  # our own logger reports progress
     config.setdefault("wall_clock_breakdown", False)
     return config

@@ -51,6 +51,24 @@ def sample_images(dalle, vae, tokenizer, captions, settings: SamplingSettings, s
     return torch.cat(chunks)
 
 
+@torch.no_grad()
+def complete_captions(dalle, tokenizer, captions, settings: SamplingSettings, seed: int = 0, truncate: bool = False,
+                      filter_thres: float | None = None) -> list[str]:
+    """Each caption continued by the model's text head (generate.py --gentxt), decoded: the caption is a prefix and
+    the rest of the text context is sampled (dalle_lab.model.text_sampling). Reproducible from `seed`; top_k (or
+    DALLE-pytorch's filter_thres), top_p and temperature act on the text vocabulary; guidance does not apply."""
+    from dalle_lab.model.text_sampling import generate_texts
+
+    cfg = dalle.config
+    device = next(dalle.parameters()).device
+    text = tokenize_captions(tokenizer, captions, cfg.text_seq_len, cfg.num_text_tokens, truncate).to(device)
+    generator = torch.Generator(device=device).manual_seed(seed)
+    filled = generate_texts(dalle, text, top_k=None if filter_thres is not None else settings.top_k,
+                            filter_thres=filter_thres, top_p=settings.top_p, temperature=settings.temperature,
+                            generator=generator)
+    return [tokenizer.decode(row) for row in filled.cpu()]
+
+
 def caption_dirname(caption: str, max_len: int = 120) -> str:
     """A folder name for a caption: spaces -> underscores, anything unsafe in a file name dropped."""
     name = re.sub(r"\s+", "_", caption.strip())

@@ -27,6 +27,7 @@ from .resume import changed_settings, check_resume_settings, run_facts
 from .seeding import seed_micro_batch
 
 SAMPLE_GRID_SIZE = 8
+FLOPS_PROFILE_STEP = 200  # DALLE-pytorch's: late enough that start-up costs are out of the timings
 
 
 class NonFiniteLossError(RuntimeError):
@@ -70,6 +71,7 @@ def train(cfg: TrainConfig, model_overrides: dict | None = None, *, tokenizer=No
     torch.manual_seed(cfg.seed)  # the same initial weights on every rank
     model_config = _model_config(model_overrides or {}, tokenizer, vae, init_ckpt, _dataset_model_defaults(cfg))
     model = ckpt_io.build_model(model_config).to(device)
+    model.transformer.gradient_checkpointing = cfg.gradient_checkpointing  # changes memory and time, not numbers
     if init_ckpt:
         ckpt_io.load_model_state(model, init_ckpt["model"], resume_path or cfg.dalle_path)
 
@@ -341,13 +343,19 @@ def resume_path(cfg: TrainConfig) -> str | None:
 
 
 def _engine(cfg: TrainConfig, model, optimizer, precision, dist: DistInfo):
+    if cfg.flops_profiler and not cfg.deepspeed:
+        raise ValueError("--flops_profiler is DeepSpeed's flops profiler: add --deepspeed (or --distributed_backend "
+                         "deepspeed)")
     if cfg.deepspeed:
         from .deepspeed_engine import DeepSpeedEngine, build_deepspeed_config, read_user_config
 
+        # profiled: the run's last step when it has a step budget (DALLE-pytorch profiled step 200, then exited)
+        profile_step = (max(cfg.max_steps - 1, 0) if cfg.max_steps else FLOPS_PROFILE_STEP) if cfg.flops_profiler \
+            else None
         ds_config = build_deepspeed_config(read_user_config(cfg.deepspeed_config), batch_size=cfg.batch_size,
                                            ga_steps=cfg.ga_steps, world_size=dist.world_size,
                                            clip_grad_norm=cfg.clip_grad_norm, precision=precision,
-                                           zero_stage=cfg.zero_stage)
+                                           zero_stage=cfg.zero_stage, flops_profile_step=profile_step)
         return DeepSpeedEngine(model, optimizer, precision, dist, ds_config)
     from .engine import PlainEngine
 
@@ -380,6 +388,9 @@ def _source(cfg: TrainConfig, dist: DistInfo, batch_size: int, image_size: int, 
             f"the checkpoint was reading {kinds.get(position.get('kind'), position.get('kind'))}, this run reads "
             f"{kinds[_source_kind(cfg)]}: resume with the data flags of the original run "
             "(--dataset / --image_text_folder / --wds)")
+    if cfg.random_resize_crop_lower_ratio != 1.0 and not (cfg.image_text_folder and not cfg.wds):
+        raise ValueError(f"--random_resize_crop_lower_ratio {cfg.random_resize_crop_lower_ratio} applies to image-text "
+                         "folders (--image_text_folder without --wds); the built-in data and shards are centre-cropped")
     if cfg.wds:
         # DALLE-pytorch's --wds names the image and caption members ("jpg,txt"); dalle_lab.data finds an image
         # member of any known extension and the txt member by itself, so the value only switches shards on.
@@ -398,7 +409,8 @@ def _source(cfg: TrainConfig, dist: DistInfo, batch_size: int, image_size: int, 
         if cfg.image_text_folder:
             from dalle_lab.data import TextImageFolder
 
-            dataset = TextImageFolder(cfg.image_text_folder, image_size=image_size)
+            dataset = TextImageFolder(cfg.image_text_folder, image_size=image_size,
+                                      crop_lower_ratio=cfg.random_resize_crop_lower_ratio)
         else:
             from dalle_lab.data.builtin import builtin_dataset
 

@@ -19,7 +19,8 @@ from .config import TrainConfig
 
 # TrainConfig fields that shape the trained weights. The tokenizer and image tokenizer paths are not here: their
 # identities (file hashes) are checked instead, and a moved file with the same hash is the same run.
-RUN_FIELDS = ("dataset", "image_text_folder", "wds", "truncate_captions", "skip_long_captions", "batch_size",
+RUN_FIELDS = ("dataset", "image_text_folder", "wds", "truncate_captions", "skip_long_captions",
+              "random_resize_crop_lower_ratio", "batch_size",
               "ga_steps", "learning_rate", "weight_decay", "clip_grad_norm", "warmup_steps", "lr_decay",
               "min_lr_ratio", "plateau_patience", "plateau_factor", "amp", "amp_dtype", "seed", "deepspeed",
               "zero_stage")
