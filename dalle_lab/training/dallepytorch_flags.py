@@ -32,7 +32,7 @@ _TRAIN_FLAGS = ("fp16", "stable_softmax", "reversible", "taming", "hug", "chines
 
 def add_train_flags(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("DALLE-pytorch flags (what each becomes: docs/training.md)")
-    group.add_argument("--fp16", action="store_true", help="fp16 mixed precision (--amp --amp_dtype fp16; bf16 on CPU)")
+    group.add_argument("--fp16", action="store_true", help="fp16 mixed precision (--amp --amp_dtype fp16; on the CPU --amp's choice)")
     group.add_argument("--stable_softmax", action="store_true", help="the same as --stable")
     group.add_argument("--reversible", action="store_true",
                        help="memory saving: --gradient_checkpointing (reversible layers are not implemented)")
@@ -97,11 +97,13 @@ def _fp16(args) -> str:
     if pick_device(args.device).type == "cuda":
         args.amp_dtype = "fp16"
         return ""  # exactly what was asked: fp16 autocast with dynamic loss scaling (DeepSpeed: its fp16 mode)
-    # CPU: torch's fp16 autocast ran ~100x slower than bf16 here and DeepSpeed refuses fp16 on the CPU, so the
-    # 16-bit type the CPU does support is used, with a note rather than a refusal (the intent: 16-bit training)
-    args.amp_dtype = "bf16"
-    return ("--fp16: the CPU has no fast fp16 kernels (DeepSpeed refuses fp16 there), so this run uses bf16 "
-            "mixed precision (--amp --amp_dtype bf16); on a GPU --fp16 means fp16 with loss scaling")
+    # CPU: torch's fp16 autocast ran ~100x slower than bf16 here and DeepSpeed refuses fp16 on the CPU, so the CPU's
+    # own --amp choice is used, with a note rather than a refusal (the intent: cheaper mixed-precision training):
+    # bf16 where the processor computes it natively, float32 where bf16 would be emulated (training/precision.py)
+    args.amp_dtype = "auto"
+    return ("--fp16: the CPU has no fast fp16 kernels (DeepSpeed refuses fp16 there), so this run uses --amp's CPU "
+            "choice (bf16 where the processor has native bf16, else float32); on a GPU --fp16 means fp16 with loss "
+            "scaling")
 
 
 def _vae_path(args, vae_path: str, notes: list[str]) -> None:
