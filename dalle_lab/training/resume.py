@@ -53,6 +53,9 @@ def changed_settings(ckpt: dict, cfg: TrainConfig, model_overrides: dict, facts:
         if name in saved_cfg and not _same(getattr(cfg, name), saved_cfg[name]):
             changed.append(_flag(name, getattr(cfg, name), saved_cfg[name]))
     saved_model = ckpt.get("config") or {}
+    if saved_model:
+        # a field the checkpoint predates (e.g. attn_types, rotary_emb) rebuilds with its default: compare with that
+        saved_model = {**_model_defaults(), **saved_model}
     for name, value in sorted(model_overrides.items()):
         if name in saved_model and name not in _DERIVED_MODEL_FIELDS and not _same(value, saved_model[name]):
             changed.append(_flag(name, value, saved_model[name]))
@@ -78,7 +81,15 @@ def settings_from_checkpoint(cfg: TrainConfig, overrides: dict, given: set[str],
     return cfg, overrides
 
 
+def _model_defaults() -> dict:
+    from dalle_lab.model import DALLEConfig
+
+    return {f.name: f.default for f in dataclasses.fields(DALLEConfig)}
+
+
 def _same(a, b) -> bool:
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return tuple(a) == tuple(b)
     if isinstance(a, float) or isinstance(b, float):
         try:
             return float(a) == float(b)
