@@ -332,3 +332,17 @@ def test_stable_float16_attention_keeps_the_explicit_path(monkeypatch):
     attn = Attention(dim=32, heads=2, dim_head=16, stable=True).half()
     attn(torch.randn(1, 5, 32).half())
     assert calls
+
+
+def test_resuming_a_checkpoint_older_than_the_options_compares_them_with_their_defaults():
+    from dalle_lab.training.config import TrainConfig
+    from dalle_lab.training.resume import changed_settings
+
+    old = torch.load(DATA / "default_model_before_issue16.pt", weights_only=True)["config"]
+    ckpt = {"config": old}
+    same = {"attn_types": ("full",), "rotary_emb": False, "shared_attn_ids": None, "depth": old["depth"]}
+    assert changed_settings(ckpt, TrainConfig(), same, facts=None) == []
+    changed = changed_settings(ckpt, TrainConfig(), {**same, "rotary_emb": True, "attn_types": ("conv_like",)},
+                               facts=None)
+    assert sorted(changed) == ["--attn_types conv_like (saved: full)", "--rotary_emb on (saved: off)"]
+    assert changed_settings({"config": {**old, "attn_types": ["full"]}}, TrainConfig(), same, facts=None) == []

@@ -99,9 +99,16 @@ def _same(a, b) -> bool:
 
 
 def _flag(name: str, value, saved) -> str:
-    shown = {True: "on", False: "off", None: "unset"}
-    return f"--{name} {shown.get(value, value) if isinstance(value, (bool, type(None))) else value} " \
-           f"(saved: {shown.get(saved, saved) if isinstance(saved, (bool, type(None))) else saved})"
+    return f"--{name} {_shown(value)} (saved: {_shown(saved)})"
+
+
+def _shown(value):
+    """A setting as its flag is written: on/off/unset, comma lists (--attn_types full,axial_row)."""
+    if isinstance(value, (bool, type(None))):
+        return {True: "on", False: "off", None: "unset"}[value]
+    if isinstance(value, (list, tuple)):
+        return ",".join(map(str, value))
+    return value
 
 
 def _reported(key: str, changed: list[str]) -> bool:
