@@ -346,3 +346,29 @@ def test_resuming_a_checkpoint_older_than_the_options_compares_them_with_their_d
                                facts=None)
     assert sorted(changed) == ["--attn_types conv_like (saved: full)", "--rotary_emb on (saved: off)"]
     assert changed_settings({"config": {**old, "attn_types": ["full"]}}, TrainConfig(), same, facts=None) == []
+
+
+def test_bfloat16_autocast_training_and_cached_decoding_with_every_option():
+    """The bf16 CPU attention kernel takes the masks too, rotary keeps bf16 queries bf16, and cached bf16 decoding
+    gives the uncached tokens (the bf16 paths share one kernel)."""
+    from dalle_lab.model.decoding import plain_decode
+
+    model = opinionated(**{**OPTIONS["all"], "stable": False})
+    text, image = TEXT, image_tokens()
+    with torch.no_grad():
+        fp32 = model(text, image, return_loss=True).loss
+    model.train()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        bf16 = model(text, image, return_loss=True).loss
+    bf16.backward()
+    torch.testing.assert_close(bf16.float(), fp32, atol=0.1, rtol=0.05)
+    model.eval()
+    runs = []
+    for use_cache in (False, True):
+        tokens = torch.zeros(2, FMAP ** 2, dtype=torch.long)
+        with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+            plain_decode(model, model._text_ids(text), tokens, torch.zeros(tokens.shape), 0,
+                         Sampling(cond_scale=2.0, top_k=8), torch.Generator().manual_seed(2), use_cache=use_cache,
+                         prepack=False)  # prepacked bf16 weights need avx512 (tests/test_decoding.py covers them)
+        runs.append(tokens)
+    assert torch.equal(runs[0], runs[1])

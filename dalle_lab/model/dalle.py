@@ -16,6 +16,8 @@ Sequence layout (length text_seq_len + image_seq_len fed to the transformer):
   Absolute learned positions cost one add per token, give the image tokens their 2-D neighbourhood directly, and
   make cached generation trivial (a token's embedding never depends on the others); the sequences are short and
   fixed-length, which is where rotary's length extrapolation would have helped, so it buys nothing here.
+  DALLE-pytorch's rotary embeddings, token shift, sparse attention types, layer sharing and tied embeddings are
+  options (DALLEConfig; masks.py, positional.py, transformer.py), off by default.
 """
 from __future__ import annotations
 
