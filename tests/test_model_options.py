@@ -372,3 +372,16 @@ def test_bfloat16_autocast_training_and_cached_decoding_with_every_option():
                          prepack=False)  # prepacked bf16 weights need avx512 (tests/test_decoding.py covers them)
         runs.append(tokens)
     assert torch.equal(runs[0], runs[1])
+
+
+def test_train_dalle_takes_the_options_as_dalle_pytorch_flags_and_saves_them(tiny_vqgan, tmp_path):
+    from test_cli import TINY_FLAGS, script_main, vqgan_flags
+
+    out = tmp_path / "run"
+    assert script_main("train_dalle.py", *vqgan_flags(tiny_vqgan), *TINY_FLAGS, "--depth", "2", "--batch_size", "2",
+                       "--max_steps", "1", "--no-amp", "--output_dir", out, "--attn_types", "axial_row,conv_like",
+                       "--rotary_emb", "--shift_tokens", "--share_input_output_emb", "--shared_ff_ids", "0,0") == 0
+    saved = torch.load(out / "dalle.pt", weights_only=True)
+    config = DALLEConfig.from_dict(saved["config"])
+    assert config.attn_types == ("axial_row", "conv_like") and config.shared_ff_ids == (0, 0)
+    assert config.rotary_emb and config.shift_tokens and config.share_input_output_emb
