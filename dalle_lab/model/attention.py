@@ -2,9 +2,9 @@
 
 Three code paths compute the same function:
 - the default calls torch.nn.functional.scaled_dot_product_attention (SDPA), which picks a fused kernel;
-- the explicit path forms the score matrix itself. It runs when `stable=True` (PB-relax needs to act between the
-  score matmul and the softmax, which SDPA does not expose) or when the caller asks for the attention weights
-  (attention heatmaps);
+- the explicit path forms the score matrix itself. It runs when the caller asks for the attention weights
+  (attention heatmaps), and for `stable=True` in float16 only (see `_needs_explicit_pb_relax`: PB-relax must act
+  between the score matmul and the softmax, which SDPA does not expose, and only float16 can overflow there);
 - bfloat16 on the CPU (autocast training and generation) uses plain bf16 matmuls, faster there than SDPA's kernel,
   for the full sequence and the cached steps alike, so all three bf16 paths agree bit for bit.
 """
@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .linear import Linear
+from .positional import apply_rotary
 
 # CogView's PB-relax constant: scores are computed as (q / (alpha * sqrt(d))) @ k^T, i.e. alpha times smaller than
 # usual, so the matmul's output stays inside float16's range; the row max is subtracted and the result is multiplied
@@ -34,6 +35,7 @@ class KVCache:
     def __init__(self, max_len: int):
         self.max_len = max_len
         self.buffer = None
+        self.side = {}  # the layer's other per-sequence state (token-shift history, positional.ShiftHistory)
 
     def update(self, start: int, kv: torch.Tensor):
         """kv: (2, B, heads, n, dim_head) for positions start..start+n-1 -> (keys, values) for positions 0..end-1."""
@@ -62,6 +64,7 @@ class StaticKVCache:
     def __init__(self, max_len: int):
         self.max_len = max_len
         self.buffer = None
+        self.side = {}  # the layer's other per-sequence state (token-shift history, positional.ShiftHistory)
 
     def update(self, positions: torch.Tensor, kv: torch.Tensor):
         """positions (B, n) sequence positions of kv (2, B, heads, n, dim_head) -> full (keys, values) buffers."""
@@ -94,43 +97,51 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor, cache: KVCache | StaticKVCache | None = None, start: int = 0,
                 return_attention: bool = False, positions: torch.Tensor | None = None,
-                mask: torch.Tensor | None = None):
+                mask: torch.Tensor | None = None, rotary: tuple[torch.Tensor, torch.Tensor] | None = None):
         """x: (B, L, dim) holding sequence positions start..start+L-1.
 
         With a cache, the new keys/values are written at those positions and the queries attend to everything
         cached so far. Returns the output (B, L, dim) and, if return_attention, the weights (B, heads, L, start+L).
         With a StaticKVCache, positions (B, L) says where each row's tokens sit and mask (see position_mask) which
-        key slots each query sees; `start` is unused.
+        key slots each query sees; `start` is unused. Without one, mask (L, start+L) (a sparse attention type,
+        masks.py) replaces the causal mask. rotary: (cos, sin) of the L positions (positional.py), applied to
+        queries and keys before the keys are cached.
         """
         b, n, _ = x.shape
         qkv = self.to_qkv(x).view(b, n, 3, self.heads, self.dim_head).permute(2, 0, 3, 1, 4)  # (3, B, H, n, d)
-        q = qkv[0]
+        q, kv = qkv[0], qkv[1:]
+        if rotary is not None:
+            q = apply_rotary(q, *rotary)
+            kv = torch.stack([apply_rotary(qkv[1], *rotary), qkv[2]])
+        explicit = return_attention or (self.stable and _needs_explicit_pb_relax(q))
         if isinstance(cache, StaticKVCache):
-            k, v = cache.update(positions, qkv[1:])
+            k, v = cache.update(positions, kv)
             kv_len = mask.shape[-1]
             k, v = k[:, :, :kv_len], v[:, :, :kv_len]
-            if self.stable or return_attention:
+            if explicit:
                 out, weights = self._explicit_attention(q, k, v, start, mask=mask)
             else:
                 out, weights = F.scaled_dot_product_attention(q, k, v, attn_mask=mask), None
             out = self.to_out(out.transpose(1, 2).reshape(b, n, self.heads * self.dim_head))
             return out, weights
         if cache is not None:
-            k, v = cache.update(start, qkv[1:])
+            k, v = cache.update(start, kv)
         elif start != 0:
             raise ValueError("start > 0 needs a KV cache holding the earlier positions")
         else:
-            k, v = qkv[1], qkv[2]
+            k, v = kv[0], kv[1]
 
         weights = None
-        if self.stable or return_attention:
-            out, weights = self._explicit_attention(q, k, v, start)
+        if explicit:
+            out, weights = self._explicit_attention(q, k, v, start, mask=mask)
         else:
             dropout_p = self.dropout if self.training else 0.0
             if q.dtype == torch.bfloat16 and q.device.type == "cpu":
                 # one kernel for every bf16 CPU call (full sequence, cached prefix, one cached step), so cached
                 # generation, uncached generation and a teacher-forced pass give bit-identical logits
-                out = _cpu_bf16_causal_attention(q, k, v, dropout_p, start)
+                out = _cpu_bf16_causal_attention(q, k, v, dropout_p, start, mask)
+            elif mask is not None:  # a sparse attention type: its own mask row for each query
+                out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
             elif n == 1:  # one new query sees every cached position: no mask at all
                 out = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p)
             elif start == 0:  # whole sequence (training, or the prompt in generation)
@@ -163,7 +174,22 @@ class Attention(nn.Module):
         return weights @ v, weights
 
 
-def _cpu_bf16_causal_attention(q, k, v, dropout_p: float, start: int = 0):
+def _needs_explicit_pb_relax(q: torch.Tensor) -> bool:
+    """Whether stable=True must take the explicit PB-relax path for these queries.
+
+    PB-relax computes softmax((S - max S) * alpha) with S = q k^T / (alpha sqrt(d)), which is mathematically
+    softmax(q k^T / sqrt(d)): the plain attention function. Its only purpose is that the score matrix, where it is
+    materialised in the input dtype, stays alpha times smaller before the max is subtracted. SDPA's kernels never
+    hold the scores in float16 before subtracting the row max (fused kernels accumulate in float32 and run an
+    online softmax) or run in float32 / bfloat16, whose range (3.4e38) no score reaches; so outside float16 the
+    fused call computes the same function without the (B, heads, L, L) float32 score tensor. In float16, SDPA may
+    pick its math fallback (on CUDA for shapes the fused kernels refuse, or under precision modes that decompose
+    attention), which forms q k^T in float16 and overflows past 65504: there the explicit path stays.
+    """
+    return q.dtype == torch.float16
+
+
+def _cpu_bf16_causal_attention(q, k, v, dropout_p: float, start: int = 0, mask: torch.Tensor | None = None):
     """Causal attention in bfloat16 on the CPU, for the full-sequence pass (training) under bf16 autocast.
 
     On this project's CPUs the fused SDPA kernel is slow in bfloat16 (its backward especially): measured at the
@@ -173,11 +199,14 @@ def _cpu_bf16_causal_attention(q, k, v, dropout_p: float, start: int = 0):
     Autocast is paused so the softmax is not promoted to float32 (which would cost the gain back).
     `start` > 0: the queries are positions start.. after a cached prefix (generation); the same arithmetic as the
     full pass, so a position's output does not depend on which path computed it (tested bit for bit).
+    mask: a sparse attention type's mask (masks.py), replacing the causal one.
     """
     n, total = q.shape[2], k.shape[2]
     with torch.autocast("cpu", enabled=False):
         scores = (q * q.shape[-1] ** -0.5) @ k.transpose(-1, -2)
-        if n > 1 or total != start + n:
+        if mask is not None:
+            scores = scores.masked_fill_(~mask, float("-inf"))
+        elif n > 1 or total != start + n:
             scores = scores.masked_fill_(~_causal_mask(n, total, start, q.device), float("-inf"))
         weights = scores.softmax(dim=-1)
         if dropout_p > 0:

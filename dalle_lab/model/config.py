@@ -8,6 +8,9 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields
 
+# DALLE-pytorch's attention types this package implements as masks (dalle_lab/model/masks.py).
+ATTN_TYPES = ("full", "axial_row", "axial_col", "conv_like")
+
 
 @dataclass
 class DALLEConfig:
@@ -28,10 +31,25 @@ class DALLEConfig:
     ff_dropout: float = 0.0
     ff_mult: int = 4  # feed-forward hidden width = ff_mult * dim (GEGLU, as DALLE-pytorch)
     null_cond_prob: float = 0.1  # training: drop the caption (all-pad text) with this probability, for guidance
+    # DALLE-pytorch's architecture options (docs/model.md, "Attention types and position tricks"). All off by
+    # default: the defaults are the model every existing checkpoint holds, and none was shown to help at this size.
+    attn_types: tuple[str, ...] = ("full",)  # cycled over the layers: full, axial_row, axial_col, conv_like
+    conv_kernel_size: int = 5  # conv_like: the local window's side (in grid cells, before dilation)
+    conv_dilation: int = 1  # conv_like: spacing between the window's cells
+    rotary_emb: bool = False  # rotary position embedding on queries and keys (text position; image row and column)
+    shift_tokens: bool = False  # token shift: features from the previous token and, for image tokens, the one above
+    shared_attn_ids: tuple[int, ...] | None = None  # cycled over the layers; layers with equal ids share attention
+    shared_ff_ids: tuple[int, ...] | None = None  # likewise for the feed-forward
+    share_input_output_emb: bool = False  # tie the token embeddings with the output heads (text and image)
 
     def __post_init__(self):
+        # lists (a checkpoint read back from JSON, a YAML config) and "full,axial_row" strings (DALLE-pytorch's
+        # command-line form) become tuples, so equal configs compare equal
+        self.attn_types = _as_tuple(self.attn_types, str, "attn_types")
+        self.shared_attn_ids = _as_tuple(self.shared_attn_ids, int, "shared_attn_ids")
+        self.shared_ff_ids = _as_tuple(self.shared_ff_ids, int, "shared_ff_ids")
         for name in ("dim", "depth", "heads", "dim_head", "num_text_tokens", "text_seq_len", "num_image_tokens",
-                     "image_fmap_size", "ff_mult"):
+                     "image_fmap_size", "ff_mult", "conv_kernel_size", "conv_dilation"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"DALLEConfig.{name} must be a positive integer, got {value!r}")
@@ -44,6 +62,26 @@ class DALLEConfig:
             value = getattr(self, name)
             if not 0.0 <= value < 1.0:
                 raise ValueError(f"DALLEConfig.{name} must be in [0, 1), got {value}")
+
+        if not self.attn_types:
+            raise ValueError("DALLEConfig.attn_types is empty; give at least one of " + ", ".join(ATTN_TYPES))
+        for kind in self.attn_types:
+            if kind == "sparse":
+                raise ValueError("attn_types 'sparse' (DeepSpeed's block-sparse attention) is not supported: it needs "
+                                 "triton and a CUDA GPU; use conv_like or axial_row / axial_col, which give local "
+                                 "sparsity as masks on any device")
+            if kind not in ATTN_TYPES:
+                raise ValueError(f"unknown attention type {kind!r} in attn_types; choose from {', '.join(ATTN_TYPES)}")
+        if self.rotary_emb and self.dim_head < 6:
+            raise ValueError(f"rotary_emb needs dim_head >= 6 (three rotated bands of at least 2 features: text "
+                             f"position, image row, image column), got dim_head={self.dim_head}")
+        for name in ("shared_attn_ids", "shared_ff_ids"):
+            if getattr(self, name) == ():
+                raise ValueError(f"DALLEConfig.{name} is empty; leave it None for no sharing")
+
+    def layer_attn_types(self) -> list[str]:
+        """The attention type of each layer: attn_types cycled over depth (DALLE-pytorch's rule)."""
+        return [self.attn_types[i % len(self.attn_types)] for i in range(self.depth)]
 
     @property
     def image_seq_len(self) -> int:
@@ -70,3 +108,15 @@ class DALLEConfig:
             raise ValueError(f"unknown DALLEConfig fields {unknown}: this checkpoint or config was written by another "
                              f"version of dalle_lab; known fields are {sorted(known)}")
         return cls(**data)
+
+
+def _as_tuple(value, kind, name):
+    """None stays None; a comma-separated string or any sequence becomes a tuple of `kind`."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        value = [v.strip() for v in value.split(",") if v.strip()]
+    try:
+        return tuple(kind(v) for v in value)
+    except (TypeError, ValueError):
+        raise ValueError(f"DALLEConfig.{name} must be a comma-separated list of {kind.__name__}, got {value!r}") from None

@@ -16,6 +16,8 @@ Sequence layout (length text_seq_len + image_seq_len fed to the transformer):
   Absolute learned positions cost one add per token, give the image tokens their 2-D neighbourhood directly, and
   make cached generation trivial (a token's embedding never depends on the others); the sequences are short and
   fixed-length, which is where rotary's length extrapolation would have helped, so it buys nothing here.
+  DALLE-pytorch's rotary embeddings, token shift, sparse attention types, layer sharing and tied embeddings are
+  options (DALLEConfig; masks.py, positional.py, transformer.py), off by default.
 """
 from __future__ import annotations
 
@@ -80,10 +82,19 @@ class DALLE(nn.Module):
         self.image_row_emb = nn.Embedding(cfg.image_fmap_size, dim)
         self.image_col_emb = nn.Embedding(cfg.image_fmap_size, dim)
         self.transformer = Transformer(dim, cfg.depth, cfg.heads, cfg.dim_head, cfg.ff_mult, cfg.attn_dropout,
-                                       cfg.ff_dropout, cfg.stable, cfg.sandwich_norm)
+                                       cfg.ff_dropout, cfg.stable, cfg.sandwich_norm, attn_types=cfg.attn_types,
+                                       text_len=cfg.text_seq_len + 1, fmap=cfg.image_fmap_size,
+                                       conv_kernel_size=cfg.conv_kernel_size, conv_dilation=cfg.conv_dilation,
+                                       rotary_emb=cfg.rotary_emb, shift_tokens=cfg.shift_tokens,
+                                       shared_attn_ids=cfg.shared_attn_ids, shared_ff_ids=cfg.shared_ff_ids)
         self.final_norm = nn.LayerNorm(dim)
         self.to_text_logits = Linear(dim, cfg.total_text_tokens)
         self.to_image_logits = Linear(dim, cfg.num_image_tokens)
+        if cfg.share_input_output_emb:
+            # DALLE-pytorch's share_input_output_emb: one (tokens, dim) matrix embeds a token and scores it as the
+            # next token (the heads keep their biases). Both state_dict keys stay, holding the same tensor.
+            self.text_emb.weight = self.to_text_logits.weight
+            self.image_emb.weight = self.to_image_logits.weight
         self.register_buffer("text_pad_ids", cfg.num_text_tokens + torch.arange(cfg.text_seq_len), persistent=False)
         # Position indices. Embeddings are always looked up through their modules (never `.weight` directly), so
         # DeepSpeed ZeRO-3, which gathers a module's parameters only around its forward, works.

@@ -1,4 +1,8 @@
-"""Pre-norm transformer blocks: causal attention + GEGLU feed-forward, optional sandwich norm."""
+"""Pre-norm transformer blocks: causal attention + GEGLU feed-forward, optional sandwich norm.
+
+DALLE-pytorch's options (all off by default; docs/model.md): per-layer attention types as masks (masks.py), rotary
+embeddings and token shift (positional.py), and layers sharing their attention / feed-forward modules.
+"""
 from __future__ import annotations
 
 import torch
@@ -8,6 +12,8 @@ from torch.utils.checkpoint import checkpoint
 
 from .attention import Attention, KVCache, StaticKVCache, position_mask
 from .linear import Linear
+from .masks import LayerMasks
+from .positional import TokenShift, rotary_angles
 
 
 class FeedForward(nn.Module):
@@ -48,11 +54,17 @@ class Block(nn.Module):
             self.ff_out_norm = nn.LayerNorm(dim)
 
     def forward(self, x, cache: KVCache | None = None, start: int = 0, return_attention: bool = False,
-                positions=None, mask=None):
-        attn_out, weights = self.attn(self.attn_norm(x), cache=cache, start=start, return_attention=return_attention,
-                                      positions=positions, mask=mask)
+                positions=None, mask=None, rotary=None, shift: TokenShift | None = None):
+        h = self.attn_norm(x)
+        if shift is not None:
+            h = shift(h, cache, "attn")
+        attn_out, weights = self.attn(h, cache=cache, start=start, return_attention=return_attention,
+                                      positions=positions, mask=mask, rotary=rotary)
         ff_in = x + (self.attn_out_norm(attn_out) if self.sandwich_norm else attn_out)
-        ff_out = self.ff(self.ff_norm(ff_in))
+        h = self.ff_norm(ff_in)
+        if shift is not None:
+            h = shift(h, cache, "ff")
+        ff_out = self.ff(h)
         return ff_in + (self.ff_out_norm(ff_out) if self.sandwich_norm else ff_out), weights
 
 
@@ -63,12 +75,23 @@ class Transformer(nn.Module):
     gradient_checkpointing: bool = False
 
     def __init__(self, dim, depth, heads, dim_head, ff_mult=4, attn_dropout=0.0, ff_dropout=0.0, stable=False,
-                 sandwich_norm=False):
+                 sandwich_norm=False, *, attn_types=("full",), text_len=None, fmap=None, conv_kernel_size=5,
+                 conv_dilation=1, rotary_emb=False, shift_tokens=False, shared_attn_ids=None, shared_ff_ids=None):
+        """attn_types, shared_attn_ids, shared_ff_ids are cycled over the layers (DALLE-pytorch's rule); text_len
+        (BOS + text) and fmap (grid side) place the image grid in the sequence for the masks, rotary and shift."""
         super().__init__()
         self.heads, self.dim_head = heads, dim_head
         self.layers = nn.ModuleList(
             Block(dim, heads, dim_head, ff_mult, attn_dropout, ff_dropout, stable, sandwich_norm) for _ in range(depth)
         )
+        _share(self.layers, "attn", shared_attn_ids)
+        _share(self.layers, "ff", shared_ff_ids)
+        self.text_len, self.fmap = text_len, fmap
+        self.masks = LayerMasks([attn_types[i % len(attn_types)] for i in range(depth)], text_len, fmap,
+                                conv_kernel_size, conv_dilation)
+        self.rotary_emb, self.shift_tokens = rotary_emb, shift_tokens
+        # the default model skips all per-pass extras (positions, masks, angles): its decode step is unchanged
+        self.extras = self.masks.sparse or rotary_emb or shift_tokens
 
     def new_caches(self, max_len: int, static: bool = False) -> list[KVCache] | list[StaticKVCache]:
         return [(StaticKVCache if static else KVCache)(max_len) for _ in self.layers]
@@ -84,14 +107,44 @@ class Transformer(nn.Module):
         mask = None
         if positions is not None:  # one mask for all layers
             mask = position_mask(positions, caches[0].max_len if kv_len is None else kv_len)
+        masks, rotary, shift = self._extras(x, start, positions, kv_len, mask, caches) if self.extras else (
+            None, None, None)
         # only a training pass that builds a graph gains from recomputation; cached decoding never does
         recompute = self.gradient_checkpointing and self.training and torch.is_grad_enabled() and caches is None
         for i, layer in enumerate(self.layers):
+            layer_mask = mask if masks is None else masks[i]
             if recompute:
-                x, weights = checkpoint(layer, x, None, start, return_attention, positions, mask, use_reentrant=False)
+                x, weights = checkpoint(layer, x, None, start, return_attention, positions, layer_mask, rotary, shift,
+                                        use_reentrant=False)
             else:
                 x, weights = layer(x, cache=None if caches is None else caches[i], start=start,
-                                   return_attention=return_attention, positions=positions, mask=mask)
+                                   return_attention=return_attention, positions=positions, mask=layer_mask,
+                                   rotary=rotary, shift=shift)
             if return_attention:
                 attentions.append(weights)
         return x, attentions
+
+    def _extras(self, x, start, positions, kv_len, mask, caches):
+        """Per-layer masks, rotary angles and the token shift for the tokens of this pass (computed once per pass,
+        shared by the layers). Query positions: `positions` (B, n) with static caches, else start..start+n-1."""
+        if positions is not None:
+            query_pos, key_len = positions, mask.shape[-1]
+        else:
+            query_pos = torch.arange(start, start + x.shape[1], device=x.device)
+            key_len = start + x.shape[1]
+        masks = self.masks.for_pass(query_pos, key_len, mask) if self.masks.sparse else None
+        rotary = rotary_angles(query_pos, self.text_len, self.fmap, self.dim_head) if self.rotary_emb else None
+        shift = TokenShift(query_pos, self.text_len, self.fmap) if self.shift_tokens else None
+        return masks, rotary, shift
+
+
+def _share(layers: nn.ModuleList, name: str, ids):
+    """Layers whose (cycled) ids are equal use the first such layer's `name` submodule (DALLE-pytorch's
+    shared_attn_ids / shared_ff_ids). Each layer keeps its own LayerNorms, as there."""
+    if ids is None:
+        return
+    first = {}
+    for i, layer in enumerate(layers):
+        owner = first.setdefault(ids[i % len(ids)], layer)
+        if owner is not layer:
+            setattr(layer, name, getattr(owner, name))

@@ -23,6 +23,13 @@ HELP = {
     "stable": "CogView PB-relax against low-precision overflow", "sandwich_norm": "LayerNorm after every branch",
     "attn_dropout": "attention dropout", "ff_dropout": "feed-forward dropout", "ff_mult": "feed-forward width factor",
     "null_cond_prob": "caption dropout probability (classifier-free guidance)",
+    "attn_types": "attention type of each layer, cycled: comma-separated full|axial_row|axial_col|conv_like",
+    "conv_kernel_size": "conv_like attention: window side in grid cells", "conv_dilation": "conv_like: dilation",
+    "rotary_emb": "rotary position embedding on queries and keys (1-D text, 2-D image)",
+    "shift_tokens": "token shift: features from the previous token and, for image tokens, the one above",
+    "shared_attn_ids": "comma-separated ids cycled over the layers; equal ids share one attention module",
+    "shared_ff_ids": "comma-separated ids cycled over the layers; equal ids share one feed-forward module",
+    "share_input_output_emb": "tie the token embeddings with the output heads (text and image)",
     "dataset": "built-in data when no --image_text_folder: shapes|emoji (each brings its vocabulary and tokenizer)",
     "image_text_folder": "folder of images + .txt captions (or shard urls with --wds); none: built-in --dataset",
     "wds": "WebDataset image and caption keys, e.g. jpg,txt (shards given by --image_text_folder)",
@@ -67,15 +74,27 @@ HELP = {
 
 
 def _base_type(annotation):
-    """bool / int / float / str / list from a dataclass type hint such as `int | None`."""
+    """bool / int / float / str / list / a comma-list parser from a dataclass type hint such as `int | None`."""
     if annotation in (bool, int, float, str):
         return annotation
     if typing.get_origin(annotation) is list:
         return list
+    if typing.get_origin(annotation) is tuple:  # tuple[str, ...]: DALLE-pytorch's "--attn_types full,axial_row"
+        return _comma_list(typing.get_args(annotation)[0])
     for arg in typing.get_args(annotation):
         if arg is not type(None):
             return _base_type(arg)
     return str
+
+
+def _comma_list(kind):
+    def parse(text: str) -> tuple:
+        try:
+            return tuple(kind(v.strip()) for v in text.split(",") if v.strip())
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a comma-separated list of {kind.__name__}, got {text!r}")
+    parse.__name__ = f"comma-separated {kind.__name__}s"
+    return parse
 
 
 def _add_fields(group, cls, defaults, skip=(), none_default=()):
@@ -89,8 +108,12 @@ def _add_fields(group, cls, defaults, skip=(), none_default=()):
         if kind is bool:
             group.add_argument(f"--{f.name}", action=argparse.BooleanOptionalAction, default=default, help=help_text)
         else:
-            shown = "" if f.name in none_default else f" (default: {default})"
+            shown = "" if f.name in none_default else f" (default: {_shown(default)})"
             group.add_argument(f"--{f.name}", type=kind, default=default, help=help_text + shown)
+
+
+def _shown(default):
+    return ",".join(map(str, default)) if isinstance(default, tuple) else default
 
 
 def build_train_parser() -> argparse.ArgumentParser:

@@ -54,6 +54,9 @@ def changed_settings(ckpt: dict, cfg: TrainConfig, model_overrides: dict, facts:
         if name in saved_cfg and not _same(getattr(cfg, name), saved_cfg[name]):
             changed.append(_flag(name, getattr(cfg, name), saved_cfg[name]))
     saved_model = ckpt.get("config") or {}
+    if saved_model:
+        # a field the checkpoint predates (e.g. attn_types, rotary_emb) rebuilds with its default: compare with that
+        saved_model = {**_model_defaults(), **saved_model}
     for name, value in sorted(model_overrides.items()):
         if name in saved_model and name not in _DERIVED_MODEL_FIELDS and not _same(value, saved_model[name]):
             changed.append(_flag(name, value, saved_model[name]))
@@ -79,7 +82,15 @@ def settings_from_checkpoint(cfg: TrainConfig, overrides: dict, given: set[str],
     return cfg, overrides
 
 
+def _model_defaults() -> dict:
+    from dalle_lab.model import DALLEConfig
+
+    return {f.name: f.default for f in dataclasses.fields(DALLEConfig)}
+
+
 def _same(a, b) -> bool:
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return tuple(a) == tuple(b)
     if isinstance(a, float) or isinstance(b, float):
         try:
             return float(a) == float(b)
@@ -89,9 +100,16 @@ def _same(a, b) -> bool:
 
 
 def _flag(name: str, value, saved) -> str:
-    shown = {True: "on", False: "off", None: "unset"}
-    return f"--{name} {shown.get(value, value) if isinstance(value, (bool, type(None))) else value} " \
-           f"(saved: {shown.get(saved, saved) if isinstance(saved, (bool, type(None))) else saved})"
+    return f"--{name} {_shown(value)} (saved: {_shown(saved)})"
+
+
+def _shown(value):
+    """A setting as its flag is written: on/off/unset, comma lists (--attn_types full,axial_row)."""
+    if isinstance(value, (bool, type(None))):
+        return {True: "on", False: "off", None: "unset"}[value]
+    if isinstance(value, (list, tuple)):
+        return ",".join(map(str, value))
+    return value
 
 
 def _reported(key: str, changed: list[str]) -> bool:
