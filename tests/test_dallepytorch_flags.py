@@ -13,13 +13,17 @@ def _tiny_dalle(**fields):
     return DALLE(**{**config, **fields})
 
 
-@pytest.mark.parametrize("dropout", [0.0, 0.1])
-def test_gradient_checkpointing_gives_the_plain_gradients(dropout):
+@pytest.mark.parametrize("dropout,options", [
+    (0.0, {}), (0.1, {}),
+    # the per-layer masks, rotary angles and token shift go through the recomputation too
+    (0.1, dict(attn_types=("axial_row", "conv_like"), rotary_emb=True, shift_tokens=True, image_fmap_size=3)),
+])
+def test_gradient_checkpointing_gives_the_plain_gradients(dropout, options):
     def grads(checkpointing: bool):
-        model = _tiny_dalle(attn_dropout=dropout, ff_dropout=dropout).train()
+        model = _tiny_dalle(attn_dropout=dropout, ff_dropout=dropout, **options).train()
         model.transformer.gradient_checkpointing = checkpointing
         text = torch.tensor([[3, 4, 5, 0], [6, 0, 0, 0]])
-        image = torch.tensor([[1, 2, 3, 4], [5, 6, 7, 8]])
+        image = torch.arange(2 * model.config.image_seq_len).reshape(2, -1) % 16
         torch.manual_seed(1)  # the same dropout masks: checkpointing replays the RNG state in the recomputation
         loss = model(text, image, return_loss=True).loss
         loss.backward()
