@@ -11,6 +11,7 @@ def test_select_best_keeps_each_groups_maximum_and_skips_groups_without_spread()
     prompts = ["a", "a", "a", "b", "b", "c", "c"]
     rewards = [0.5, 1.0, 1.0, 0.3, 0.3, 0.0, 0.2]
     assert select_best(prompts, rewards).tolist() == [1, 2, 6]  # b's samples all scored 0.3: nothing to learn
+    assert select_best(prompts, rewards, min_reward=0.9).tolist() == [1, 2]  # c's best (0.2) is below the bar
 
 
 def test_an_epoch_trains_on_the_kept_samples_only(tokenizer, tmp_path):

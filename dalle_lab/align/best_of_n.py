@@ -24,15 +24,17 @@ from dalle_lab.align.policy_gradient import token_kl
 from dalle_lab.align.trainer import AlignTrainer, chunks
 
 
-def select_best(prompts, rewards) -> np.ndarray:
-    """Indices of the samples that score their group's maximum, for groups (same prompt) whose scores differ."""
+def select_best(prompts, rewards, min_reward: float | None = None) -> np.ndarray:
+    """Indices of the samples that score their group's maximum, for groups (same prompt) whose scores differ; with
+    `min_reward`, only those that also score at least that (e.g. only exact matches: a group's best may still be
+    wrong in one attribute, and training on it reinforces the near miss)."""
     rewards = np.asarray(rewards, dtype=np.float64).reshape(-1)
     prompts = np.asarray(list(prompts), dtype=object)
     keep = []
     for prompt in dict.fromkeys(prompts.tolist()):
         index = np.flatnonzero(prompts == prompt)
         group = rewards[index]
-        if group.max() > group.min():
+        if group.max() > group.min() and (min_reward is None or group.max() >= min_reward):
             keep.extend(index[group == group.max()].tolist())
     return np.asarray(sorted(keep), dtype=np.int64)
 
@@ -52,7 +54,7 @@ class BestOfNTrainer(AlignTrainer):
                 tokens.append(batch_tokens)
         rewards = torch.cat([future.result().float().cpu().reshape(-1) for future in futures])
         text, tokens = torch.cat(texts), torch.cat(tokens)
-        keep = torch.as_tensor(select_best(prompts, rewards.numpy()))
+        keep = torch.as_tensor(select_best(prompts, rewards.numpy(), cfg.best_of_n_min_reward))
         sums: dict[str, list[float]] = {"loss": [], "nll": [], "kl_ref_token": [], "kl_null_token": [], "grad_norm": []}
         if len(keep):
             for _ in range(cfg.inner_epochs):

@@ -41,6 +41,8 @@ class AlignConfig:
     # `lr` whenever its token is sampled, however rare the token, so on sparse RL batches the tail codes of the
     # codebook gain probability step after step (entropy and KL to the start rise while the reward does not).
     trainable: str = "all"
+    # best_of_n: keep a group's best samples only when they score at least this (None: whatever the best scores)
+    best_of_n_min_reward: float | None = None
     lora_alpha: float = 16.0
     deepspeed_zero_stage: int | None = None  # None: plain PyTorch; 0, 1 or 2: DeepSpeed's engine at that ZeRO stage
 
