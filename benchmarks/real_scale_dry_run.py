@@ -21,7 +21,8 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from results_file import git_commit, write_results  # noqa: E402
 MODEL = dict(dim=512, depth=16, heads=16, dim_head=64, text_seq_len=256, image_fmap_size=32, num_image_tokens=8192,
              num_text_tokens=10000)
 SETTINGS = {"plain": dict(), "checkpointing": dict(checkpointing=True), "stable": dict(stable=True),
@@ -69,8 +70,7 @@ def main(argv=None) -> int:
     if args.worker:
         print(json.dumps(one_setting(args.worker, args.batch, args.steps, args.threads)))
         return 0
-    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
-    record = {"script": "benchmarks/real_scale_dry_run.py", "argv": sys.argv[1:], "commit": commit, "model": MODEL,
+    record = {"script": "benchmarks/real_scale_dry_run.py", "argv": sys.argv[1:], "commit": git_commit(), "model": MODEL,
               "batch": args.batch, "threads": args.threads, "load_before": os.getloadavg(),
               "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "results": []}
     for name in args.settings:
@@ -81,10 +81,7 @@ def main(argv=None) -> int:
         print(f"{name:22s} peak RSS {result['peak_rss_mib']:8.0f} MiB  step {result['median_step_s'] or 0:6.2f} s",
               flush=True)
     record["load_after"] = os.getloadavg()
-    out = ROOT / args.out
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(record, indent=1))
-    print(f"wrote {out}")
+    write_results(record, args.out)
     return 0
 
 

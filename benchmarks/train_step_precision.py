@@ -19,7 +19,8 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from results_file import git_commit, write_results  # noqa: E402
 
 
 def one_setting(dtype: str, batch: int, steps: int, threads: int) -> list[float]:
@@ -59,8 +60,7 @@ def main(argv=None) -> int:
         return 0
     from dalle_lab.utils import cpu_has_native_bf16
 
-    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
-    record = {"script": "benchmarks/train_step_precision.py", "argv": sys.argv[1:], "commit": commit,
+    record = {"script": "benchmarks/train_step_precision.py", "argv": sys.argv[1:], "commit": git_commit(),
               "cpu_has_native_bf16": cpu_has_native_bf16(), "threads": args.threads, "steps": args.steps,
               "load_before": os.getloadavg(), "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "settings": []}
     for batch in args.batches:
@@ -72,10 +72,7 @@ def main(argv=None) -> int:
             record["settings"].append({"dtype": dtype, "batch": batch, "step_s": times, "median_step_s": median})
             print(f"batch {batch} {dtype}: median {median:.3f} s per step", flush=True)
     record["load_after"] = os.getloadavg()
-    out = ROOT / args.out
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(record, indent=1))
-    print(f"wrote {out}")
+    write_results(record, args.out)
     return 0
 
 
