@@ -32,6 +32,8 @@ _HELP = {
     "eval_every": "evaluate on the eval prompts every N epochs (0: only before and after)",
     "lora_rank": "0 fine-tunes every weight; >0 trains only LoRA adapters of this rank",
     "trainable": "all, or blocks: only the transformer blocks learn (embeddings and logit heads frozen)",
+    "token_credit": "policy gradient: uniform (every token shares its image's advantage) or content (only cells that "
+                    "differ from the plain background; background cells keep the KL penalty)",
     "advantage": "per_prompt (DDPO's running per-prompt statistics) or group (GRPO normalisation within the epoch)",
     "backprop_last_k": "reward_backprop: the gradient reaches the model through the last K image tokens",
     "reward_precision": "run the reward model in fp32, bf16, fp16 or tpu_default (aesthetic reward)",

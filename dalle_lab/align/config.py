@@ -12,6 +12,7 @@ from dalle_lab.training.generation import SamplingSettings
 
 METHODS = ("policy_gradient", "reward_backprop", "best_of_n")
 TRAINABLE = ("all", "blocks")
+CREDITS = ("uniform", "content")  # token_credit: see dalle_lab.align.credit
 DEFAULT_EPOCHS = 20  # epochs of a run given neither --epochs nor --time_budget_s
 _GENERATE = SamplingSettings()  # generate.py's sampling: the RL sampler and the in-run evaluation default to it
 
@@ -28,6 +29,8 @@ class AlignConfig:
     sample_batch_size: int = 32
     train_batch_size: int = 16
     lr: float = 3e-5
+    optimizer: str = "adamw"  # or "sgd" (with `momentum`): see trainer.make_optimizer for when it matters
+    momentum: float = 0.9
     weight_decay: float = 0.0
     max_grad_norm: float = 1.0
     kl_coef: float = 0.01  # per-token KL penalty to the frozen starting model (the start value when kl_target is set)
@@ -67,6 +70,9 @@ class AlignConfig:
 
     # policy gradient (PPO on per-token probability ratios)
     inner_epochs: int = 2
+    # which tokens an image's advantage is credited to (credit.py): "uniform" = all of them; "content" = the cells
+    # that show something other than the plain background (background cells carry only the KL penalty)
+    token_credit: str = "uniform"
     clip_range: float = 0.2
     advantage: str = "per_prompt"  # "per_prompt" (DDPO's tracker) or "group" (GRPO)
     adv_clip_max: float | None = 5.0
@@ -112,6 +118,10 @@ class AlignConfig:
         if self.backprop_last_k < 1:
             raise ValueError(f"backprop_last_k must be >= 1 (the reward's gradient reaches the model through the last "
                              f"K tokens), got {self.backprop_last_k}")
+        if self.optimizer not in ("adamw", "sgd"):
+            raise ValueError(f"optimizer must be 'adamw' or 'sgd', not {self.optimizer!r}")
+        if self.token_credit not in CREDITS:
+            raise ValueError(f"token_credit must be one of {', '.join(CREDITS)}, not {self.token_credit!r}")
         if self.trainable not in TRAINABLE:
             raise ValueError(f"trainable must be one of {', '.join(TRAINABLE)}, not {self.trainable!r}")
         if self.kl_distribution not in ("sampling", "conditional"):

@@ -20,6 +20,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from dalle_lab.align.credit import token_credit
 from dalle_lab.align.logprobs import policy_logprobs, uses_filter  # policy_logprobs: also re-exported
 from dalle_lab.align.processes import seeded_generator
 from dalle_lab.align.stat_tracking import PerPromptStatTracker, clip_advantages, group_normalize
@@ -30,11 +31,13 @@ LOG_RATIO_LIMIT = 20.0  # exp(20) ~ 5e8: keeps a ratio finite when a token fell 
 
 # ---------------------------------------------------------------- the pieces of the objective (pure functions)
 
-def ppo_clipped_loss(new_logprobs, old_logprobs, advantages, clip_range: float):
+def ppo_clipped_loss(new_logprobs, old_logprobs, advantages, clip_range: float, token_weights=None):
     """PPO's clipped surrogate on per-token ratios.
 
     new_logprobs, old_logprobs: (B, N) log-probs of the sampled tokens now and when sampled.
     advantages: (B,) one per image, shared by all its tokens.
+    token_weights: (B, N) or None: each token's share of its image's advantage (credit.py); the loss is the
+    weighted mean over tokens (None: the plain mean).
     Returns (loss, stats) where stats holds detached `approx_kl` (0.5 * mean squared log-ratio, as DDPO logs) and
     `clipfrac` (fraction of tokens whose ratio left [1 - clip, 1 + clip]).
     """
@@ -44,7 +47,12 @@ def ppo_clipped_loss(new_logprobs, old_logprobs, advantages, clip_range: float):
     adv = advantages.reshape(-1, 1).to(ratio.dtype)
     unclipped = -adv * ratio
     clipped = -adv * ratio.clamp(1.0 - clip_range, 1.0 + clip_range)
-    loss = torch.maximum(unclipped, clipped).mean()
+    per_token = torch.maximum(unclipped, clipped)
+    if token_weights is None:
+        loss = per_token.mean()
+    else:
+        weights = token_weights.to(per_token.dtype)
+        loss = (per_token * weights).sum() / weights.sum().clamp_min(1e-8)
     with torch.no_grad():
         stats = {
             "approx_kl": 0.5 * (log_ratio ** 2).mean().item(),
@@ -105,7 +113,8 @@ class PolicyGradientTrainer(AlignTrainer):
             tokens, logprobs, support = self.sample_tokens(text, self.chunk_generator(self.epoch, chunk))
             images = self.dalle.vae.decode(tokens)
             futures.append(self.reward_worker.submit(images, batch_prompts))
-            rows.append({"text": text, "tokens": tokens, "old_logprobs": logprobs,
+            credit = token_credit(images, tokens.shape[1], self.config.token_credit).to(tokens.device)
+            rows.append({"text": text, "tokens": tokens, "old_logprobs": logprobs, "credit": credit,
                          **({"support": support} if support is not None else {})})
             images_local.append(images)
             prompts_local += batch_prompts
@@ -125,7 +134,8 @@ class PolicyGradientTrainer(AlignTrainer):
         cfg, dcfg = self.config, self.dalle.config
         rows = {"text": torch.zeros(0, dcfg.text_seq_len, dtype=torch.long, device=self.device),
                 "tokens": torch.zeros(0, dcfg.image_seq_len, dtype=torch.long, device=self.device),
-                "old_logprobs": torch.zeros(0, dcfg.image_seq_len, device=self.device)}
+                "old_logprobs": torch.zeros(0, dcfg.image_seq_len, device=self.device),
+                "credit": torch.zeros(0, dcfg.image_seq_len, device=self.device)}
         if uses_filter(cfg):
             rows["support"] = torch.zeros(0, dcfg.image_seq_len, (dcfg.num_image_tokens + 7) // 8,
                                           dtype=torch.uint8, device=self.device)
@@ -148,7 +158,8 @@ class PolicyGradientTrainer(AlignTrainer):
         sampled, processed, model_full, flips = policy_logprobs(self.dalle, text, tokens, cfg, support,
                                                                 return_flips=True)
         old = batch["old_logprobs"][index]
-        pg_loss, stats = ppo_clipped_loss(sampled, old, advantages[index].to(sampled.device), cfg.clip_range)
+        pg_loss, stats = ppo_clipped_loss(sampled, old, advantages[index].to(sampled.device), cfg.clip_range,
+                                          None if cfg.token_credit == "uniform" else batch["credit"][index])
         loss = pg_loss
         n = len(index)
         sums = {"images": n, "approx_kl": stats["approx_kl"] * n, "clipfrac": stats["clipfrac"] * n,
