@@ -32,6 +32,16 @@ STATE_FILE = "align_state.pt"
 STATE_FORMAT = "dalle_lab.align_state/1"
 
 
+def make_optimizer(parameters, config: AlignConfig):
+    """AdamW, or SGD with momentum (config.optimizer). Why SGD: Adam moves every weight by about `lr` per step
+    whatever the gradient's signal-to-noise ratio, and one epoch's RL gradient is mostly noise
+    (reports/align/gradient_noise.json), so Adam turns it into a random walk of every weight; SGD's step is
+    proportional to the gradient, so the weights with small, inconsistent gradients move little."""
+    if config.optimizer == "sgd":
+        return torch.optim.SGD(parameters, lr=config.lr, momentum=config.momentum, weight_decay=config.weight_decay)
+    return torch.optim.AdamW(parameters, lr=config.lr, weight_decay=config.weight_decay)
+
+
 def chunks(items, size: int):
     """Consecutive slices of a list or tensor, `size` at a time."""
     for start in range(0, len(items), size):
@@ -90,7 +100,7 @@ class AlignTrainer:
         self.processes.broadcast_parameters(self.trainable)
         # the reference also serves the in-run evaluation's KL, so it exists whenever the method has a KL term
         self.reference = self._make_reference() if self.needs_reference else None
-        self.optimizer = torch.optim.AdamW(self.trainable, lr=config.lr, weight_decay=config.weight_decay)
+        self.optimizer = make_optimizer(self.trainable, config)
         self.deepspeed = self._make_deepspeed() if config.deepspeed_zero_stage is not None else None
 
         self.epoch = 0
