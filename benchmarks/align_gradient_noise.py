@@ -30,6 +30,8 @@ SETTINGS = {
     "pg_guided_uniform": dict(),
     "pg_guided_content": dict(token_credit="content"),
     "pg_plain_uniform": dict(temperature=1.0, cond_scale=1.0),
+    "pg_guided_t0.5": dict(temperature=0.5),
+    "pg_guided_t0.3": dict(temperature=0.3),
     "rb_clip_score_k64": dict(method="reward_backprop", reward="clip_score", backprop_last_k=64, top_k=10),
 }
 
