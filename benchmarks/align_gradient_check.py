@@ -7,7 +7,8 @@ samples; policy gradient: the PPO objective at ratio 1 with group advantages; re
 straight-through tokens; no KL term), then moves every trainable weight by eta along the normalised ascent
 direction, for each eta of `--etas`, and measures the expected reward on `--eval` fresh samples of other training
 captions, drawn with the same generators as at the start (common random numbers). A direction that points uphill
-raises the reward for small eta; writes reports/align/gradient_check_<method>.json with every difference and its
+raises the reward for small eta; eta 0 checks that the evaluation repeats itself exactly, and two steps along a
+random direction of the same length show what a step of that size does by itself. Writes reports/align/gradient_check_<method>.json with every difference and its
 standard error.
 """
 from __future__ import annotations
@@ -33,7 +34,7 @@ def main(argv=None) -> int:
     parser.add_argument("--batch", type=int, default=512)
     parser.add_argument("--group", type=int, default=8)
     parser.add_argument("--eval", type=int, default=512)
-    parser.add_argument("--etas", type=float, nargs="+", default=[0.02, 0.05, 0.1, 0.2, -0.1])
+    parser.add_argument("--etas", type=float, nargs="+", default=[0.0, 0.02, 0.05, 0.1, 0.2, -0.1])
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--out", default=None, help="default reports/align/gradient_check_<setting>.json")
@@ -75,7 +76,7 @@ def main(argv=None) -> int:
                 scores.append(trainer.reward(trainer.dalle.vae.decode(tokens), prompts).float().cpu())
         return torch.cat(scores)
 
-    def move_to(eta: float):
+    def move_to(eta: float, direction=direction):
         with torch.no_grad():
             offset = 0
             for p, p0 in zip(params, start):
@@ -92,6 +93,17 @@ def main(argv=None) -> int:
                       "difference_se": float(diff.std() / len(diff) ** 0.5)})
         print(f"eta {eta:+.3f}: reward {after.mean():.4f} (start {before.mean():.4f}), difference "
               f"{diff.mean():+.4f} +- {steps[-1]['difference_se']:.4f}", flush=True)
+    # control: a random direction of the same length (a Gaussian, normalised), to tell "this direction is downhill"
+    # from "any step of this size lowers the reward"
+    noise = torch.randn(direction.shape, generator=torch.Generator().manual_seed(args.seed))
+    random_steps = []
+    for eta in [e for e in args.etas if e > 0][:2]:
+        move_to(eta, noise / noise.norm())
+        diff = expected_reward() - before
+        random_steps.append({"eta": eta, "difference": float(diff.mean()),
+                             "difference_se": float(diff.std() / len(diff) ** 0.5)})
+        print(f"random direction, eta {eta:+.3f}: difference {diff.mean():+.4f} +- "
+              f"{random_steps[-1]['difference_se']:.4f}", flush=True)
     move_to(0.0)
     record = {"command": ["python", *sys.argv], "git": git_commit(), "dalle_path": args.dalle_path,
               "dalle_sha256": hashlib.sha256(Path(args.dalle_path).read_bytes()).hexdigest(),
@@ -99,7 +111,7 @@ def main(argv=None) -> int:
               "eval_images": len(eval_prompts), "seed": args.seed, "threads": args.threads,
               "load_average": os.getloadavg(), "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
               "gradient_norm": float(norm), "train_batch_reward": train_reward, "start_reward": float(before.mean()),
-              "steps": steps, "seconds": time.time() - started}
+              "steps": steps, "random_direction_steps": random_steps, "seconds": time.time() - started}
     write_results(record, args.out or f"reports/align/gradient_check_{args.setting}.json")
     return 0
 
