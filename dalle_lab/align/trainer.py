@@ -23,13 +23,12 @@ from typing import Callable, Sequence
 import numpy as np
 import torch
 
-from dalle_lab.align.config import AlignConfig, from_dict, to_dict
+from dalle_lab.align.config import AlignConfig
 from dalle_lab.align.logprobs import policy_logprobs, sample_with_support
 from dalle_lab.align.processes import Processes, seeded_generator
 from dalle_lab.rewards import RewardWorker, get_reward
 
-STATE_FILE = "align_state.pt"
-STATE_FORMAT = "dalle_lab.align_state/1"
+from dalle_lab.align.run_files import STATE_FILE, RunFiles  # noqa: F401  (STATE_FILE: re-exported)
 
 
 def make_optimizer(parameters, config: AlignConfig):
@@ -48,7 +47,7 @@ def chunks(items, size: int):
         yield items[start:start + size]
 
 
-class AlignTrainer:
+class AlignTrainer(RunFiles):
     needs_reference = False  # subclasses whose loss has a KL term to the starting model set this
 
     def __init__(self, dalle, tokenizer, config: AlignConfig, prompts: Sequence[str], out_dir,
@@ -430,119 +429,3 @@ class AlignTrainer:
         parts = [f"{k} {log[k]:.4g}" for k in shown if k in log]
         self.log_fn(f"[align] epoch {log['epoch']} images {log['images_sampled']} "
                     f"{log['elapsed_s']:.0f}s: " + ", ".join(parts))
-
-    # ------------------------------------------------------------ files
-
-    def save_state(self) -> Path:
-        from dalle_lab.training.checkpoint import capture_rng
-        from dalle_lab.utils import atomic_torch_save
-
-        if self.lora_modules:
-            from dalle_lab.align.lora import lora_state_dict
-
-            weights = lora_state_dict(self.dalle)
-        else:
-            weights = {name: p.detach().clone() for name, p in self._transformer_parameters()}
-        state = {
-            "format": STATE_FORMAT,
-            "config": to_dict(self.config),
-            "weights": weights,
-            "optimizer": None if self.deepspeed is not None else self.optimizer.state_dict(),
-            "epoch": self.epoch,
-            "images_sampled": self.images_sampled,
-            "elapsed_s": self.elapsed_s,
-            "cpu_s": self.cpu_s,
-            "history": self.history,
-            "eval_history": self.eval_history,
-            "kl_controller": self.kl.state_dict(),
-            "rng": capture_rng(),
-            "generator": self.generator.get_state(),
-            "extra": self.extra_state_dict(),
-            "step_size": self.step_size,  # samples per optimizer step, all processes together
-        }
-        if self.deepspeed is not None:  # DeepSpeed's own engine files (optimizer partitions), packed as bytes
-            state["deepspeed"] = self.deepspeed.save_to_checkpoint(self.out_dir)["deepspeed"]
-        return atomic_torch_save(state, self.out_dir / STATE_FILE)
-
-    def load_state(self, path) -> None:
-        from dalle_lab.training.checkpoint import restore_rng
-
-        state = torch.load(path, map_location="cpu", weights_only=True)
-        if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
-            raise ValueError(f"{path} is not an alignment state file; remove it or choose another --out_dir")
-        saved = from_dict(state["config"])
-        if state.get("step_size", self.step_size) != self.step_size:
-            raise ValueError(f"{path} was written by a run with {state['step_size']} samples per optimizer step "
-                             f"(train_batch_size x processes x gradient_accumulation_steps), this run has "
-                             f"{self.step_size}; resume with the same product, or use another --out_dir")
-        for name in ("method", "reward", "lora_rank"):
-            if getattr(saved, name) != getattr(self.config, name):
-                raise ValueError(f"{path} was written by a run with {name}={getattr(saved, name)!r}, this run has "
-                                 f"{getattr(self.config, name)!r}; use the same settings to resume, or another "
-                                 f"--out_dir to start afresh")
-        params = dict(self.dalle.named_parameters())
-        missing = [name for name in state["weights"] if name not in params]
-        if missing:
-            raise ValueError(f"{path} holds weights this model lacks ({missing[:3]}); was it another model?")
-        with torch.no_grad():
-            for name, value in state["weights"].items():
-                params[name].copy_(value)
-        if self.deepspeed is not None:
-            self.deepspeed.load_training_state(state, path)
-        elif state["optimizer"] is None:
-            raise ValueError(f"{path} was written by a DeepSpeed run: resume it with the same deepspeed_zero_stage")
-        else:
-            self.optimizer.load_state_dict(state["optimizer"])
-        self.epoch, self.images_sampled = state["epoch"], state["images_sampled"]
-        self.elapsed_s, self.history = state["elapsed_s"], list(state["history"])
-        self.eval_history = list(state.get("eval_history", []))
-        self.cpu_s = float(state.get("cpu_s", 0.0))
-        if "kl_controller" in state:
-            self.kl.load_state_dict(state["kl_controller"])
-        restore_rng(state["rng"])
-        self.generator.set_state(state["generator"])
-        self.load_extra_state(state["extra"])
-        self.log_fn(f"[align] resumed {path} at epoch {self.epoch} ({self.images_sampled} images sampled)")
-
-    @torch.no_grad()
-    def save_grid(self, path, seed: int = 1234) -> Path:
-        """One image per evaluation prompt from a fixed seed (the global RNG is left as it was)."""
-        from dalle_lab.viz.grid import save_grid
-
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(seed)
-            images = []
-            for batch in chunks(self.eval_prompts, self.config.sample_batch_size):
-                images.append(self.sample(self.tokenize(batch))[0].cpu())
-        return save_grid(torch.cat(images), path, captions=self.eval_prompts, scale=4, nrow=4)
-
-    def plot_curve(self) -> Path:
-        from dalle_lab.align.plots import plot_reward_curves
-
-        path = plot_reward_curves({self.config.method: self.history}, self.out_dir / "reward_curve.png",
-                                  title=f"{self.config.reward} ({self.config.method})")
-        if self.eval_history:
-            from dalle_lab.align.plots import plot_eval_curves
-
-            plot_eval_curves(self.eval_history, self.out_dir / "eval_curve.png", title=self.config.reward)
-        return path
-
-    def merged_model(self):
-        """The fine-tuned transformer with LoRA adapters folded into the base weights (a copy when LoRA is used)."""
-        if not self.lora_modules:
-            return self.dalle
-        from dalle_lab.align.lora import merged_copy
-
-        return merged_copy(self.dalle)
-
-    def export(self, path) -> Path:
-        """Write the fine-tuned model in the standard checkpoint format, so generate.py and load_dalle read it."""
-        from dalle_lab.training.checkpoint import make_checkpoint, model_state_without_vae, save_checkpoint
-
-        model = self.merged_model()
-        checkpoint = make_checkpoint(
-            config=self.dalle.config.to_dict(), tokenizer_identity=self.tokenizer.identity,
-            vae_identity=self.dalle.vae.identity, model=model_state_without_vae(model),
-            align={"config": to_dict(self.config), "epochs": self.epoch, "images_sampled": self.images_sampled},
-        )
-        return save_checkpoint(checkpoint, path)
