@@ -122,3 +122,55 @@ def test_sigkill_then_resume_on_webdataset_shards(tiny_vqgan, tmp_path, capsys):
                                           ["--image_text_folder", pattern, "--wds", "png,txt", "--num_workers", 2],
                                           signal.SIGKILL)
 
+
+
+def torchrun(*args, log):
+    """Two training processes under torchrun; output goes to the file `log` (a pipe nobody reads could fill and stall
+    the run)."""
+    return subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+                             str(ROOT / "train_dalle.py"), *map(str, args)],
+                            stdout=open(log, "w"), stderr=subprocess.STDOUT, cwd=ROOT,
+                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+
+
+def kill_tree(pid: int) -> None:
+    """SIGKILL a process and all its descendants, as when the machine goes down. torchrun starts its workers in
+    sessions of their own, so killing its process group would leave them running (and finishing the run)."""
+    import psutil
+
+    parent = psutil.Process(pid)
+    parent.suspend()  # no new worker starts while the tree is collected
+    for process in [*parent.children(recursive=True), parent]:
+        try:
+            process.kill()
+        except psutil.NoSuchProcess:
+            pass
+
+
+@slow
+def test_two_processes_killed_then_resumed_end_like_the_straight_two_process_run(tiny_vqgan, tmp_path):
+    max_steps = 30
+    args = [*vqgan_flags(tiny_vqgan), *RANDOM_FLAGS, "--max_steps", max_steps]
+    straight = torchrun(*args, "--output_dir", tmp_path / "straight", log=tmp_path / "straight.log")
+    assert straight.wait(timeout=300) == 0, (tmp_path / "straight.log").read_text()[-3000:]
+    out = tmp_path / "interrupted"
+    process = torchrun(*args, "--output_dir", out, log=tmp_path / "killed.log")
+    deadline = time.monotonic() + 240
+    while not (out / "dalle.pt").exists() and process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(random.uniform(0, 0.1))
+    if process.poll() is None:
+        kill_tree(process.pid)  # torchrun and both workers
+    process.wait(timeout=60)
+    stopped_at = torch.load(out / "dalle.pt", weights_only=True)["step"]
+    assert stopped_at < max_steps, "the run ended before the kill"
+    resumed = torchrun(*args, "--output_dir", out, "--resume", log=tmp_path / "resumed.log")
+    code = resumed.wait(timeout=300)
+    output = (tmp_path / "resumed.log").read_text()
+    assert code == 0, output[-3000:]
+    assert f"at step {stopped_at}" in output
+    final = {name: torch.load(tmp_path / name / "dalle.pt", weights_only=True) for name in ("straight", "interrupted")}
+    assert final["straight"]["step"] == final["interrupted"]["step"] == max_steps
+    assert_same_weights(final["straight"]["model"], final["interrupted"]["model"], atol=1e-6)
+    steps = [json.loads(line)["step"] for line in (out / "dalle-metrics.jsonl").read_text().splitlines()]
+    assert steps == list(range(1, max_steps + 1)), stopped_at
