@@ -164,6 +164,10 @@ def main(argv=None) -> int:
                         "5-20x slower and 4x noisier; on a quiet machine try --omp-wait-policy default")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                    help="cuda: ours only, plain / CUDA-graph / speculative decoding on the GPU")
+    p.add_argument("--bf16", choices=["auto", "yes", "no"], default="auto",
+                   help="measure bf16 autocast too: auto = only where the CPU has native bf16 products "
+                        "(dalle_lab.utils.cpu_has_native_bf16; elsewhere torch emulates them, ~17x slower than fp32, "
+                        "and the package trains in fp32 there)")
     p.add_argument("--json", type=Path,
                    help="where to write the results file (command, commit, load, every raw measurement); default "
                         "benchmarks/perf/results/run-<mode>-<UTC time>.json")
@@ -184,6 +188,12 @@ def main(argv=None) -> int:
     load_start = loadavg()
     jobs = []
     groups = plan_cuda(args.quick) if args.device == "cuda" else plan(args.quick, args.peer, default_config)
+    if args.bf16 == "auto":
+        from dalle_lab.utils import cpu_has_native_bf16
+
+        args.bf16 = "yes" if args.device == "cuda" or cpu_has_native_bf16() else "no"
+    if args.bf16 == "no":  # drop the bf16 measurements, and any group they leave empty
+        groups = [g for g in ([j for j in group if "/bf16" not in j.key] for group in groups) if g]
     total = sum(len(g) * rounds_for(g, args.quick) for g in groups)
     for group in groups:
         for rnd in range(rounds_for(group, args.quick)):
@@ -195,7 +205,7 @@ def main(argv=None) -> int:
                 print(headline(job.result), f"[load {job.result['loadavg']:.1f}]", flush=True)
 
     meta = dict(command=" ".join([sys.executable, *sys.argv]), commit=git_commit(), device=args.device,
-                quick=args.quick, threads=args.threads, omp_wait_policy=args.omp_wait_policy,
+                quick=args.quick, bf16=args.bf16, threads=args.threads, omp_wait_policy=args.omp_wait_policy,
                 started=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(start)),
                 minutes=(time.time() - start) / 60, loadavg_start=load_start, loadavg_end=loadavg(),
                 cpus=os.cpu_count(), reference=REFERENCE, default_config=default_config)
