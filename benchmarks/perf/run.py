@@ -144,7 +144,8 @@ def headline(result: dict) -> str:
     if "error" in result:
         return "FAILED: " + result["error"].splitlines()[-1]
     if "gflops_fp32" in result:
-        return f"{result['gflops_fp32']:.0f} GFLOP/s fp32, {result['gflops_bf16']:.0f} bf16"
+        bf16 = result["gflops_bf16"]
+        return f"{result['gflops_fp32']:.0f} GFLOP/s fp32, " + (f"{bf16:.0f} bf16" if bf16 else "no native bf16")
     if "tokens_per_s" in result:
         return f"{result['tokens_per_s']:.0f} tokens/s ({result['s_per_step']:.3f} s/step)"
     if "s_per_batch" in result:
