@@ -210,11 +210,11 @@ def main(argv=None) -> int:
                 started=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(start)),
                 minutes=(time.time() - start) / 60, loadavg_start=load_start, loadavg_end=loadavg(),
                 cpus=os.cpu_count(), reference=REFERENCE, default_config=default_config)
-    print_report(jobs, meta)
     out = args.json or HERE / "results" / (f"run-{'quick' if args.quick else 'full'}-{args.device}-"
                                            f"{time.strftime('%Y%m%d-%H%M', time.gmtime(start))}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(dict(meta=meta, jobs=[asdict(j) for j in jobs]), indent=1))
+    out.write_text(json.dumps(dict(meta=meta, jobs=[asdict(j) for j in jobs]), indent=1))  # first: keep the raw data
+    print_report(jobs, meta)
     print(f"results file: {out}")
     return 1 if any("error" in j.result for j in jobs) else 0
 
