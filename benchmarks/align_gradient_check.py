@@ -1,6 +1,6 @@
 """Does one big-batch fine-tuning gradient point uphill? A finite-difference check of the expected reward.
 
-    python benchmarks/align_gradient_check.py --dalle_path runs/dalle/dalle.pt --method reward_backprop
+    python benchmarks/align_gradient_check.py --dalle_path runs/dalle/dalle.pt --setting rb_clip_score_k64
 
 Computes the method's gradient on `--batch` images (`--batch / --group` Shapes training captions x `--group`
 samples; policy gradient: the PPO objective at ratio 1 with group advantages; reward backprop: -reward through the
@@ -8,8 +8,8 @@ straight-through tokens; no KL term), then moves every trainable weight by eta a
 direction, for each eta of `--etas`, and measures the expected reward on `--eval` fresh samples of other training
 captions, drawn with the same generators as at the start (common random numbers). A direction that points uphill
 raises the reward for small eta; eta 0 checks that the evaluation repeats itself exactly, and two steps along a
-random direction of the same length show what a step of that size does by itself. Writes reports/align/gradient_check_<method>.json with every difference and its
-standard error.
+random direction of the same length show what a step of that size does by itself. Writes
+reports/align/gradient_check_<setting>.json with every difference and its standard error.
 """
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from results_file import git_commit, write_results  # noqa: E402
-from align_gradient_noise import SETTINGS, batch_gradient  # noqa: E402
+from align_gradient_noise import SETTINGS, batch_gradient, make_trainer  # noqa: E402
 
 
 def main(argv=None) -> int:
@@ -42,21 +42,12 @@ def main(argv=None) -> int:
 
     import torch
 
-    from dalle_lab.align.config import preset, to_dict
-    from dalle_lab.align.policy_gradient import PolicyGradientTrainer
-    from dalle_lab.align.reward_backprop import RewardBackpropTrainer
-    from dalle_lab.data.shapes import ShapesDataset
-    from dalle_lab.training.checkpoint import load_dalle
+    from dalle_lab.align.config import to_dict
 
     torch.set_num_threads(args.threads)
-    dataset = ShapesDataset("train", length=2000, seed=0)
-    pool = [dataset.caption(i) for i in range(len(dataset))]
-    dalle, tokenizer, _ = load_dalle(args.dalle_path, torch.device("cpu"))
-    config = preset("faithfulness", prompts_per_epoch=args.batch // args.group, group_size=args.group,
-                    seed=args.seed, kl_coef=0.0, eval_num_prompts=0, eval_num_heldout=0, eval_loss_images=0,
-                    eval_diversity_samples=0, **SETTINGS[args.setting])
-    cls = RewardBackpropTrainer if config.method == "reward_backprop" else PolicyGradientTrainer
-    trainer = cls(dalle, tokenizer, config, pool, "/tmp/align_gradient_check", log_fn=lambda _: None, resume=False)
+    trainer, pool = make_trainer(args.dalle_path, args.setting, args.batch // args.group, args.group, args.seed,
+                                 "/tmp/align_gradient_check")
+    config = trainer.config
     started = time.time()
     params = [p for p in trainer.dalle.parameters() if p.requires_grad]
     gradient, train_reward = batch_gradient(trainer, trainer.epoch_prompts(0), 1000, params)
@@ -64,8 +55,9 @@ def main(argv=None) -> int:
     norm = gradient.norm()
     direction = -gradient / norm  # the losses are minimised: ascent on the reward is minus the gradient
     start = [p.detach().clone() for p in params]
-    eval_prompts = [p for p in trainer.epoch_prompts(1)][:args.eval] if args.eval <= args.batch else None
-    eval_prompts = eval_prompts or [pool[i % len(pool)] for i in range(args.eval)]
+    # other captions than the gradient's: the next epoch's draw (as many as the gradient had), else the pool in order
+    eval_prompts = (trainer.epoch_prompts(1)[:args.eval] if args.eval <= args.batch
+                    else [pool[i % len(pool)] for i in range(args.eval)])
 
     def expected_reward():
         scores = []

@@ -36,6 +36,27 @@ SETTINGS = {
 }
 
 
+def make_trainer(dalle_path: str, setting: str, prompts_per_epoch: int, group: int, seed: int, out_dir: str):
+    """A fresh trainer of one SETTINGS entry on the faithfulness preset, without KL term or in-run evaluation, with
+    2000 Shapes training captions as its prompt pool; (trainer, pool)."""
+    import torch
+
+    from dalle_lab.align.config import preset
+    from dalle_lab.align.policy_gradient import PolicyGradientTrainer
+    from dalle_lab.align.reward_backprop import RewardBackpropTrainer
+    from dalle_lab.data.shapes import ShapesDataset
+    from dalle_lab.training.checkpoint import load_dalle
+
+    dataset = ShapesDataset("train", length=2000, seed=0)
+    pool = [dataset.caption(i) for i in range(len(dataset))]
+    dalle, tokenizer, _ = load_dalle(dalle_path, torch.device("cpu"))
+    config = preset("faithfulness", prompts_per_epoch=prompts_per_epoch, group_size=group, seed=seed, kl_coef=0.0,
+                    eval_num_prompts=0, eval_num_heldout=0, eval_loss_images=0, eval_diversity_samples=0,
+                    **SETTINGS[setting])
+    cls = RewardBackpropTrainer if config.method == "reward_backprop" else PolicyGradientTrainer
+    return cls(dalle, tokenizer, config, pool, out_dir, log_fn=lambda _: None, resume=False), pool
+
+
 def batch_gradient(trainer, prompts, epoch: int, params) -> tuple:
     """The flattened gradient of one freshly sampled batch of `prompts`, and the batch's mean reward."""
     import torch
@@ -58,7 +79,7 @@ def batch_gradient(trainer, prompts, epoch: int, params) -> tuple:
         for index in torch.arange(len(prompts)).split(cfg.train_batch_size):
             support = batch["support"][index] if "support" in batch else None
             sampled, _, _ = policy_logprobs(trainer.dalle, batch["text"][index], batch["tokens"][index], cfg, support)
-            weights = None if cfg.token_credit == "uniform" else batch["credit"][index]
+            weights = batch["credit"][index] if "credit" in batch else None
             loss, _ = ppo_clipped_loss(sampled, batch["old_logprobs"][index], advantages[index], cfg.clip_range,
                                        weights)
             (loss * len(index) / len(prompts)).backward()
@@ -81,28 +102,18 @@ def main(argv=None) -> int:
     import numpy as np
     import torch
 
-    from dalle_lab.align.config import preset, to_dict
-    from dalle_lab.align.policy_gradient import PolicyGradientTrainer
-    from dalle_lab.align.reward_backprop import RewardBackpropTrainer
-    from dalle_lab.data.shapes import ShapesDataset
-    from dalle_lab.training.checkpoint import load_dalle
+    from dalle_lab.align.config import to_dict
 
     torch.set_num_threads(args.threads)
-    dataset = ShapesDataset("train", length=2000, seed=0)
-    pool = [dataset.caption(i) for i in range(len(dataset))]
     record = {"command": ["python", *sys.argv], "git": git_commit(), "dalle_path": args.dalle_path,
               "dalle_sha256": hashlib.sha256(Path(args.dalle_path).read_bytes()).hexdigest(),
               "prompts": args.prompts, "group": args.group, "repeats": args.repeats, "seed": args.seed,
               "threads": args.threads, "load_average_before": os.getloadavg(),
               "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "settings": {}}
     for name in args.settings:
-        dalle, tokenizer, _ = load_dalle(args.dalle_path, torch.device("cpu"))
-        config = preset("faithfulness", prompts_per_epoch=args.prompts, group_size=args.group, seed=args.seed,
-                        kl_coef=0.0, eval_num_prompts=0, eval_num_heldout=0, eval_loss_images=0,
-                        eval_diversity_samples=0, **SETTINGS[name])
-        cls = RewardBackpropTrainer if config.method == "reward_backprop" else PolicyGradientTrainer
-        trainer = cls(dalle, tokenizer, config, pool, f"/tmp/align_gradient_noise/{name}", log_fn=lambda _: None,
-                      resume=False)
+        trainer, _ = make_trainer(args.dalle_path, name, args.prompts, args.group, args.seed,
+                                  f"/tmp/align_gradient_noise/{name}")
+        config = trainer.config
         params = [p for p in trainer.dalle.parameters() if p.requires_grad]
         block_ids = {id(p) for p in trainer.dalle.transformer.parameters()}
         prompts = trainer.epoch_prompts(0)

@@ -10,6 +10,7 @@ per-token entropy of the sampling distribution on each kind, and the background'
 from __future__ import annotations
 
 import argparse
+import hashlib
 import os
 import sys
 import time
@@ -55,7 +56,7 @@ def main(argv=None) -> int:
         background = ~content_cells(dalle.vae.decode(tokens), grid)
     record = {
         "command": ["python", *sys.argv], "git": git_commit(), "dalle_path": args.dalle_path,
-        "dalle_sha256": __import__("hashlib").sha256(Path(args.dalle_path).read_bytes()).hexdigest(),
+        "dalle_sha256": hashlib.sha256(Path(args.dalle_path).read_bytes()).hexdigest(),
         "preset": args.preset, "sampling": {k: to_dict(config)[k] for k in ("temperature", "top_k", "top_p",
                                                                               "cond_scale")},
         "captions": args.captions, "group": args.group, "seed": args.seed, "threads": args.threads,

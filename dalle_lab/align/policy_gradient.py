@@ -113,9 +113,12 @@ class PolicyGradientTrainer(AlignTrainer):
             tokens, logprobs, support = self.sample_tokens(text, self.chunk_generator(self.epoch, chunk))
             images = self.dalle.vae.decode(tokens)
             futures.append(self.reward_worker.submit(images, batch_prompts))
-            credit = token_credit(images, tokens.shape[1], self.config.token_credit).to(tokens.device)
-            rows.append({"text": text, "tokens": tokens, "old_logprobs": logprobs, "credit": credit,
-                         **({"support": support} if support is not None else {})})
+            row = {"text": text, "tokens": tokens, "old_logprobs": logprobs}
+            if support is not None:
+                row["support"] = support
+            if self.config.token_credit != "uniform":  # uniform credit is the plain mean: nothing to keep
+                row["credit"] = token_credit(images, tokens.shape[1], self.config.token_credit).to(tokens.device)
+            rows.append(row)
             images_local.append(images)
             prompts_local += batch_prompts
             index.append(torch.arange(part.start, part.stop))
@@ -134,8 +137,9 @@ class PolicyGradientTrainer(AlignTrainer):
         cfg, dcfg = self.config, self.dalle.config
         rows = {"text": torch.zeros(0, dcfg.text_seq_len, dtype=torch.long, device=self.device),
                 "tokens": torch.zeros(0, dcfg.image_seq_len, dtype=torch.long, device=self.device),
-                "old_logprobs": torch.zeros(0, dcfg.image_seq_len, device=self.device),
-                "credit": torch.zeros(0, dcfg.image_seq_len, device=self.device)}
+                "old_logprobs": torch.zeros(0, dcfg.image_seq_len, device=self.device)}
+        if cfg.token_credit != "uniform":
+            rows["credit"] = torch.zeros(0, dcfg.image_seq_len, device=self.device)
         if uses_filter(cfg):
             rows["support"] = torch.zeros(0, dcfg.image_seq_len, (dcfg.num_image_tokens + 7) // 8,
                                           dtype=torch.uint8, device=self.device)
@@ -159,7 +163,7 @@ class PolicyGradientTrainer(AlignTrainer):
                                                                 return_flips=True)
         old = batch["old_logprobs"][index]
         pg_loss, stats = ppo_clipped_loss(sampled, old, advantages[index].to(sampled.device), cfg.clip_range,
-                                          None if cfg.token_credit == "uniform" else batch["credit"][index])
+                                          batch["credit"][index] if "credit" in batch else None)
         loss = pg_loss
         n = len(index)
         sums = {"images": n, "approx_kl": stats["approx_kl"] * n, "clipfrac": stats["clipfrac"] * n,
