@@ -74,6 +74,7 @@ def test_in_run_eval_logs_each_weighted_sum_term_and_writes_the_results_file(tok
         for split in ("val", "heldout"):
             total = 2 * row[f"eval_{split}_reward_brightness"] + 0.5 * row[f"eval_{split}_reward_negative_total_variation"]
             assert row[f"eval_{split}_reward"] == pytest.approx(total, rel=1e-5)
+            assert row[f"eval_{split}_reward_brightness_se"] > 0  # each term's gain can be judged on its own
             assert 0 <= row[f"eval_{split}_accuracy"] <= 1
     assert rows[0]["eval_val_kl_ref_image"] == pytest.approx(0.0, abs=1e-5)  # the start model is the reference
     assert rows[-1]["eval_val_kl_ref_image"] > 0

@@ -137,7 +137,8 @@ class RunEvaluator:
         reward = trainer.reward
         out["reward"], out["reward_se"] = mean_and_se(torch.as_tensor(reward(images, prompts)).float().cpu())
         for term, weight in getattr(reward, "terms", []):
-            out[f"reward_{getattr(term, '__name__', 'term')}"] = float(torch.as_tensor(term(images, prompts)).float().mean())
+            term_key = f"reward_{getattr(term, '__name__', 'term')}"
+            out[term_key], out[f"{term_key}_se"] = mean_and_se(torch.as_tensor(term(images, prompts)).float().cpu())
         if all(is_shapes_caption(p) for p in prompts):  # the checker, image by image (standard errors)
             checks = [check(image, caption) for image, caption in zip(images, prompts)]
             out["accuracy"], out["accuracy_se"] = mean_and_se([c.accuracy for c in checks])
