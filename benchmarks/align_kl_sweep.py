@@ -7,8 +7,10 @@
 Each setting adds its flags (`kl_coef=0.1` -> `--kl_coef 0.1`; join several with commas) to the align command given
 after `--`. The in-run evaluation (validation captions and held-out compositions, generate.py's sampling) gives, per
 setting: the reward's gain on fresh samples in standard errors of the difference, the checker's attribute accuracy
-and exact match lost, the KL to the starting model and the image loss on real validation images. Writes
-reports/align/<name>.json (commands, commit, load, raw values) and <name>_frontier.png.
+and exact match lost, the KL to the starting model and the image loss on real validation images. `--seeds 0 1 2`
+runs every setting for each training seed and adds the mean and 95 % t-interval across seeds; `--frontier_reward
+TERM` judges the gain on one term of a weighted-sum reward (e.g. the JPEG term of a reward that also pays for
+faithfulness). Writes reports/align/<name>.json (commands, commit, load, raw values) and <name>_frontier.png.
 """
 from __future__ import annotations
 
@@ -35,15 +37,21 @@ def setting_flags(setting: str) -> list[str]:
     return flags
 
 
-def frontier_row(setting: str, results: dict, split: str = "val") -> dict:
+def frontier_row(setting: str, results: dict, split: str = "val", reward_term: str | None = None) -> dict:
+    """One run's point of the frontier. reward_term: judge the gain on this term of a weighted-sum reward (its own
+    mean and standard error, logged by the in-run evaluation) rather than on the whole reward."""
     start, final = results["start"], results["final"]
 
     def get(row, key):
         return row.get(f"eval_{split}_{key}", math.nan)
 
-    gain = get(final, "reward") - get(start, "reward")
-    se = math.sqrt(get(final, "reward_se") ** 2 + get(start, "reward_se") ** 2)
-    return {"setting": setting, "split": split, "reward_start": get(start, "reward"), "reward_final": get(final, "reward"),
+    reward = "reward"
+    if reward_term and f"eval_{split}_reward_{reward_term}" in final:
+        reward = f"reward_{reward_term}"
+    gain = get(final, reward) - get(start, reward)
+    se = math.sqrt(get(final, f"{reward}_se") ** 2 + get(start, f"{reward}_se") ** 2)
+    return {"setting": setting, "split": split, "reward": reward,
+            "reward_start": get(start, reward), "reward_final": get(final, reward),
             "reward_gain": gain, "reward_gain_se": gain / se if se > 0 else math.nan,
             "accuracy_start": get(start, "accuracy"), "accuracy_final": get(final, "accuracy"),
             "accuracy_drop": get(start, "accuracy") - get(final, "accuracy"),
@@ -52,6 +60,23 @@ def frontier_row(setting: str, results: dict, split: str = "val") -> dict:
             "loss_img_final": final.get("eval_loss_img"), "images_sampled": results["images_sampled"],
             "train_s": results["train_s"], "train_cpu_s": results.get("train_cpu_s"),
             "kl_coef_final": results.get("kl_coef_final")}
+
+
+def across_seeds(rows: list[dict]) -> list[dict]:
+    """Per setting and split with two or more seeds: mean and 95 % t-interval across training seeds of the gain, the
+    gain in standard errors, the accuracy lost and the KL (run-to-run spread, not evaluation noise)."""
+    from align_seeds import t_interval
+
+    out = []
+    for setting, split in dict.fromkeys((r["setting"], r["split"]) for r in rows):
+        mine = [r for r in rows if r["setting"] == setting and r["split"] == split]
+        if len(mine) < 2:
+            continue
+        out.append({"setting": setting, "split": split, "seeds": [r["seed"] for r in mine],
+                    **{key: t_interval([r[key] for r in mine])
+                       for key in ("reward_gain", "reward_gain_se", "accuracy_drop", "exact_match_start",
+                                   "exact_match_final", "kl_ref_image", "loss_img_final")}})
+    return out
 
 
 def plot_frontier(rows: list[dict], path: Path, title: str) -> None:
@@ -90,7 +115,12 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--name", default="kl_sweep_jpeg")
     parser.add_argument("--settings", nargs="+", required=True)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0],
+                        help="training seeds of every setting (seed 0 runs in runs_dir/<name>/<setting>, seed S in "
+                             "<setting>_seed<S>); the report takes the seeds whose runs finished")
+    parser.add_argument("--frontier_reward", default=None,
+                        help="judge the gain on this term of a weighted-sum reward, e.g. jpeg_compressibility when "
+                             "the reward is jpeg_compressibility:1+shapes_faithfulness:0.5")
     parser.add_argument("--parallel", type=int, default=1)
     parser.add_argument("--runs_dir", default="runs/align_kl_sweep")
     parser.add_argument("--report_dir", default="reports/align")
@@ -98,44 +128,53 @@ def main(argv=None) -> int:
     args = parser.parse_args(own)
     runs = Path(args.runs_dir) / args.name
     label = {s: s.replace("=", "").replace(",", "_") for s in args.settings}
-    record = {"name": args.name, "script_argv": argv, "git": git_commit(), "seed": args.seed,
+    tasks = [(s, seed) for seed in args.seeds for s in args.settings]
+
+    def run_path(s: str, seed: int) -> Path:
+        return runs / (label[s] if seed == 0 else f"{label[s]}_seed{seed}")
+
+    record = {"name": args.name, "script_argv": argv, "git": git_commit(), "seeds": args.seeds,
               "cpu_count": os.cpu_count(), "load_average_before": os.getloadavg(),
               "started": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
     if not args.report_only:
-        pending, active = list(args.settings), []
+        pending, active = list(tasks), []
         while pending or active:
             while pending and len(active) < args.parallel:
-                s = pending.pop(0)
-                active.append((s, run_seed(align_args + setting_flags(s), args.seed, runs / label[s],
-                                           runs / f"{label[s]}.log")))
+                s, seed = pending.pop(0)
+                path = run_path(s, seed)
+                active.append(((s, seed), run_seed(align_args + setting_flags(s), seed, path,
+                                                   path.with_name(path.name + ".log"))))
             time.sleep(5)
-            for s, proc in list(active):
+            for task, proc in list(active):
                 if proc.poll() is not None:
-                    active.remove((s, proc))
-                    print(f"[kl_sweep] {s} finished with exit status {proc.returncode}", flush=True)
+                    active.remove((task, proc))
+                    print(f"[kl_sweep] {task[0]} seed {task[1]} finished with exit status {proc.returncode}",
+                          flush=True)
     rows, raw = [], {}
-    for s in args.settings:
-        path = runs / label[s] / "results.json"
+    for s, seed in tasks:
+        path = run_path(s, seed) / "results.json"
         if not path.is_file():
-            print(f"[kl_sweep] {s}: no {path}", file=sys.stderr)
+            print(f"[kl_sweep] {s} seed {seed}: no {path}", file=sys.stderr)
             continue
         results = json.loads(path.read_text())
-        log = [json.loads(line) for line in (runs / label[s] / "log.jsonl").read_text().splitlines()]
+        log = [json.loads(line) for line in (path.parent / "log.jsonl").read_text().splitlines()]
         results["kl_coef_final"] = log[-1].get("kl_coef") if log else None
-        raw[s] = {k: results[k] for k in ("command", "config", "git", "epochs", "images_sampled", "train_s",
-                                          "train_cpu_s", "wall_s", "load_average_end", "start", "final")}
-        rows += [frontier_row(s, results, split) for split in ("val", "heldout")]
+        raw[f"{s} seed {seed}"] = {k: results[k] for k in ("command", "config", "git", "epochs", "images_sampled",
+                                                            "train_s", "train_cpu_s", "wall_s", "load_average_end",
+                                                            "start", "final")}
+        rows += [frontier_row(s, results, split, args.frontier_reward) | {"seed": seed}
+                 for split in ("val", "heldout")]
     record.update({"load_average_after": os.getloadavg(), "finished": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
-                   "frontier": rows, "runs": raw})
+                   "frontier": rows, "across_seeds": across_seeds(rows), "runs": raw})
     out = Path(args.report_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / f"{args.name}.json").write_text(json.dumps(record, indent=1) + "\n")
     val_rows = [r for r in rows if r["split"] == "val"]
     if val_rows:
         plot_frontier(val_rows, out / f"{args.name}_frontier.png",
-                      f"{args.name}: gain vs KL and faithfulness lost (seed {args.seed})")
+                      f"{args.name}: gain vs KL and faithfulness lost (one point per training seed)")
     for r in val_rows:
-        print(f"  {r['setting']}: reward {r['reward_start']:.4f} -> {r['reward_final']:.4f} "
+        print(f"  {r['setting']} seed {r['seed']}: {r['reward']} {r['reward_start']:.4f} -> {r['reward_final']:.4f} "
               f"({r['reward_gain_se']:.1f} SE), accuracy {r['accuracy_start']:.3f} -> {r['accuracy_final']:.3f}, "
               f"KL {r['kl_ref_image']:.1f} nats/image")
     print(f"[kl_sweep] wrote {out / (args.name + '.json')}")

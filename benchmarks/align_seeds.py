@@ -6,8 +6,9 @@
 Everything after `--` is passed to the align CLI unchanged; this script adds `--seed S --out_dir RUNS/<name>/seed<S>
 --no_resume`. Each run writes its own results.json (command, config, commit, load, the in-run evaluations before and
 after); this script gathers them into reports/align/<name>.json: the command, the commit, the seeds, the load average
-before and after, every seed's raw start and final values, and for each measure the mean across seeds with a 95 %
-Student-t interval (n - 1 degrees of freedom), for the final value and for the change from the start. The start is
+before and after, every seed's raw start and final values, its in-run evaluations and training curve, and for each
+measure the mean across seeds with a 95 % Student-t interval (n - 1 degrees of freedom), for the final value and for
+the change from the start. The start is
 the same model for every seed and its evaluation samples come from a fixed seed, so the spread of the change is the
 run-to-run spread of training, not evaluation noise. `--report_only` rebuilds the file from finished runs.
 """
@@ -45,6 +46,17 @@ def run_seed(align_args: list[str], seed: int, out_dir: Path, log_path: Path) ->
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     log_path.parent.mkdir(parents=True, exist_ok=True)
     return subprocess.Popen(command, cwd=ROOT, env=env, stdout=open(log_path, "w"), stderr=subprocess.STDOUT)
+
+
+HISTORY_KEYS = ("epoch", "images_sampled", "elapsed_s", "cpu_s", "reward_mean", "reward_se", "kl_ref_image", "kl_coef")
+
+
+def training_history(log_path: Path) -> list[dict]:
+    """The run's per-epoch training curve (reward of the epoch's own samples against images and seconds)."""
+    if not log_path.is_file():
+        return []
+    rows = [json.loads(line) for line in log_path.read_text().splitlines() if line.strip()]
+    return [{k: row[k] for k in HISTORY_KEYS if k in row} for row in rows if "epoch" in row]
 
 
 def summarise(results: dict[int, dict]) -> dict:
@@ -107,8 +119,9 @@ def main(argv=None) -> int:
         "align_command": first["command"], "config": first["config"], "eval_sets": first["eval_sets"],
         "eval_sampling": first["eval_sampling"],
         "per_seed": {seed: {k: r[k] for k in ("epochs", "images_sampled", "train_s", "train_cpu_s", "wall_s",
-                                              "stop_reason", "load_average_end", "git", "start", "final")
-                            if k in r} for seed, r in results.items()},
+                                              "stop_reason", "load_average_end", "git", "start", "final", "evals")
+                            if k in r} | {"history": training_history(runs / f"seed{seed}" / "log.jsonl")}
+                     for seed, r in results.items()},
         "summary": summarise(results),
     })
     out = Path(args.report_dir) / f"{args.name}.json"
