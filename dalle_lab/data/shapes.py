@@ -258,6 +258,75 @@ def _split_specs(split: str) -> tuple[tuple[SceneSpec, ...], tuple[SceneSpec, ..
 
 
 # ---------------------------------------------------------------------------------------------------------------
+# Wrong captions: one attribute changed (the --caption_noise training option)
+
+# The attributes a caption states, by the names the checker reports (checker.judge), and the values each can take.
+ATTRIBUTE_VALUES: dict[str, tuple[str, ...]] = {
+    "color": tuple(PALETTE), "shape": SHAPES, "size": tuple(SIZES), "place": tuple(PLACES),
+    "color1": tuple(PALETTE), "shape1": SHAPES, "relation": RELATIONS, "color2": tuple(PALETTE), "shape2": SHAPES,
+    "background": tuple(BACKGROUNDS),
+}
+
+
+def spec_attributes(spec: SceneSpec) -> dict[str, str]:
+    """The attributes a caption states: one object color, shape, size, place, background; two objects color1,
+    shape1, relation, color2, shape2, background."""
+    if len(spec.objects) == 1:
+        obj = spec.objects[0]
+        return {"color": obj.color, "shape": obj.shape, "size": spec.size, "place": spec.place,
+                "background": spec.background}
+    first, second = spec.objects
+    return {"color1": first.color, "shape1": first.shape, "relation": spec.relation, "color2": second.color,
+            "shape2": second.shape, "background": spec.background}
+
+
+def _spec_from_attributes(a: dict[str, str]) -> SceneSpec:
+    if "size" in a:
+        return SceneSpec((ObjectSpec(a["color"], a["shape"]),), a["background"], size=a["size"], place=a["place"])
+    objects = (ObjectSpec(a["color1"], a["shape1"]), ObjectSpec(a["color2"], a["shape2"]))
+    return SceneSpec(objects, a["background"], relation=a["relation"])
+
+
+@lru_cache(maxsize=None)
+def _one_changed(spec: SceneSpec, split: str | None) -> tuple[tuple[SceneSpec, ...], ...]:
+    """Per attribute of the spec (in spec_attributes' order), every valid spec with only that attribute changed,
+    restricted to captions of `split` when given; attributes left without any alternative are dropped."""
+    attributes = spec_attributes(spec)
+    per_attribute = []
+    for name, value in attributes.items():
+        # the two objects of a scene keep different colours: the other object's colour is no alternative
+        other_color = {"color1": attributes.get("color2"), "color2": attributes.get("color1")}.get(name)
+        specs = tuple(_spec_from_attributes({**attributes, name: new}) for new in ATTRIBUTE_VALUES[name]
+                      if new not in (value, other_color))
+        specs = tuple(s for s in specs if split is None or split_of(s) == split)
+        if specs:
+            per_attribute.append(specs)
+    return tuple(per_attribute)
+
+
+def perturb_spec(spec: SceneSpec, rng: np.random.Generator, split: str | None = None) -> SceneSpec:
+    """A valid spec with exactly one attribute of `spec` changed: the attribute uniformly among the scene's
+    (spec_attributes), then its new value uniformly among the other valid values.
+
+    `split` keeps the result a caption of that split: a training stream with wrong captions must still never show
+    a held-out colour-shape pair or a validation caption. Attributes without an alternative in the split are
+    skipped, and only that split's values are drawn from. All draws come from `rng`.
+    """
+    if split is not None and split not in _SPLIT_IDS:
+        raise ValueError(f"unknown Shapes split {split!r}; expected one of {SPLITS}")
+    choices = _one_changed(spec, split)
+    if not choices:
+        raise ValueError(f"no caption of split {split!r} differs from {describe(spec)!r} in exactly one attribute")
+    specs = choices[int(rng.integers(len(choices)))]
+    return specs[int(rng.integers(len(specs)))]
+
+
+def perturb_caption(caption: str, rng: np.random.Generator, split: str | None = None) -> str:
+    """The caption with exactly one attribute changed (see perturb_spec)."""
+    return describe(perturb_spec(parse(caption), rng, split))
+
+
+# ---------------------------------------------------------------------------------------------------------------
 # Layout
 
 

@@ -6,7 +6,9 @@ Each source reports a `position` dict that goes into the checkpoint and is hande
 
 - ShapesStream: the built-in Shapes data, freshly rendered. Sample i of the stream is a deterministic function of
   (seed, i); rank r of W takes the rank-strided indices base + r, base + r + W, ..., so W processes with batch b see
-  exactly the samples one process with batch W*b would see.
+  exactly the samples one process with batch W*b would see. With `caption_noise` p, sample i's caption has one
+  attribute changed (dalle_lab.data.shapes.perturb_spec; the image stays true) when a draw from (seed, i) falls
+  below p, so noise keeps every one of those properties.
 - FolderBatches: an image-text folder, reshuffled every epoch from (seed, epoch), split rank-strided. Which of
   an image's captions is used is drawn from (seed, epoch, position in the epoch's order), not by the worker that
   happens to load it, so num_workers and a mid-epoch resume change nothing. Pre-tokenized data
@@ -30,11 +32,14 @@ class ShapesStream:
     pretokenized = False
 
     def __init__(self, batch_size: int, image_size: int, seed: int = 0, rank: int = 0, world_size: int = 1,
-                 position: dict | None = None):
+                 position: dict | None = None, caption_noise: float = 0.0):
         from dalle_lab.data.shapes import ShapesDataset
 
+        if not 0.0 <= caption_noise <= 1.0:
+            raise ValueError(f"--caption_noise {caption_noise} must be a probability in [0, 1]")
         self.dataset = ShapesDataset(split=SHAPES_SPLIT, length=SHAPES_STREAM_LENGTH, image_size=image_size, seed=seed)
         self.batch_size, self.rank, self.world_size = batch_size, rank, world_size
+        self.seed, self.caption_noise = seed, float(caption_noise)
         self.samples = int(position["samples"]) if position else 0  # global samples consumed, all ranks together
         self.epoch = 0  # the stream never ends: one endless epoch
 
@@ -47,7 +52,21 @@ class ShapesStream:
         indices = [start + j * self.world_size for j in range(self.batch_size)]
         self.samples += self.batch_size * self.world_size
         images, captions = self.dataset.batch(indices)
+        if self.caption_noise > 0:  # at 0 nothing is drawn: the stream is exactly the noise-free one
+            captions = [self.noisy_caption(i, caption) for i, caption in zip(indices, captions)]
         return captions, images
+
+    def noisy_caption(self, index: int, caption: str) -> str:
+        """Sample `index`'s caption after caption noise. The draws come from (seed, index) alone, so ranks, resumes
+        and reruns agree; the first draw decides, so a larger p keeps the wrong captions of a smaller one."""
+        import numpy as np
+
+        from dalle_lab.data.shapes import perturb_caption
+
+        rng = np.random.default_rng(derive_seed("caption_noise", self.seed, index))
+        if rng.random() >= self.caption_noise:
+            return caption
+        return perturb_caption(caption, rng, split=SHAPES_SPLIT)  # a train caption: held-out pairs stay unseen
 
 
 class FolderBatches:

@@ -36,6 +36,8 @@ HELP = {
     "truncate_captions": "cut captions longer than text_seq_len instead of failing before step 1",
     "skip_long_captions": "leave captions longer than text_seq_len out (reported like corrupt images)",
     "num_workers": "data loader workers (folders)",
+    "caption_noise": "built-in shapes: probability that a sample's caption has one attribute changed (the image "
+                     "stays true)",
     "bpe_path": "text vocabulary (.model youtokentome / .json HF tokenizers); none: the --dataset's shipped one",
     "vqgan_model_path": "taming VQGAN .ckpt (with --vqgan_config_path); none: the --dataset's default tokenizer",
     "vqgan_config_path": "taming VQGAN .yaml",

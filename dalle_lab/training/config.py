@@ -21,6 +21,9 @@ class TrainConfig:
     # image_text_folder images: a random square crop covering this fraction of the largest square or more, then
     # resized (DALLE-pytorch's RandomResizedCrop lower bound; it defaulted to 0.75). 1: the centre crop, no randomness
     random_resize_crop_lower_ratio: float = 1.0
+    # built-in shapes only: this share of captions (each sample's own draw from (seed, index)) has one attribute
+    # changed while the image stays true, to study training on partly wrong captions (issue 19). 0: exact captions
+    caption_noise: float = 0.0
 
     # tokenizers
     bpe_path: str | None = None  # None: the shipped vocabulary

@@ -224,6 +224,8 @@ def _summary(cfg, model, precision, engine, dist, micro_batch, ga_steps, latest_
     params = sum(p.numel() for p in model.parameters())
     data = cfg.image_text_folder or ("built-in Shapes (fresh batches)" if cfg.dataset == "shapes"
                                       else f"built-in {cfg.dataset}")
+    if cfg.caption_noise:
+        data += f", caption noise {cfg.caption_noise:g}"
     budget = ", ".join(f"{name} {value}" for name, value in (("max_steps", cfg.max_steps),
                                                               ("max_minutes", cfg.max_minutes),
                                                               ("epochs", cfg.epochs)) if value is not None)
@@ -391,6 +393,9 @@ def _source(cfg: TrainConfig, dist: DistInfo, batch_size: int, image_size: int, 
     if cfg.random_resize_crop_lower_ratio != 1.0 and not (cfg.image_text_folder and not cfg.wds):
         raise ValueError(f"--random_resize_crop_lower_ratio {cfg.random_resize_crop_lower_ratio} applies to image-text "
                          "folders (--image_text_folder without --wds); the built-in data and shards are centre-cropped")
+    if cfg.caption_noise and (cfg.image_text_folder or _builtin(cfg) != "shapes"):
+        raise ValueError(f"--caption_noise {cfg.caption_noise} applies to the built-in shapes data only (it needs "
+                         "the Shapes caption grammar), not to --dataset emoji, an --image_text_folder or --wds shards")
     if cfg.wds:
         # DALLE-pytorch's --wds names the image and caption members ("jpg,txt"); dalle_lab.data finds an image
         # member of any known extension and the txt member by itself, so the value only switches shards on.
@@ -417,7 +422,7 @@ def _source(cfg: TrainConfig, dist: DistInfo, batch_size: int, image_size: int, 
             dataset = builtin_dataset("emoji", "train", image_size=image_size)
         dataset = check_dataset_captions(dataset, tokenizer, text_seq_len, mode, say)
         return FolderBatches(dataset, batch_size, cfg.seed, dist.rank, dist.world_size, position, cfg.num_workers)
-    return ShapesStream(batch_size, image_size, cfg.seed, dist.rank, dist.world_size, position)
+    return ShapesStream(batch_size, image_size, cfg.seed, dist.rank, dist.world_size, position, cfg.caption_noise)
 
 
 def _source_kind(cfg: TrainConfig) -> str:

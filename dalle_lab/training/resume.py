@@ -20,10 +20,12 @@ from .config import TrainConfig
 # TrainConfig fields that shape the trained weights. The tokenizer and image tokenizer paths are not here: their
 # identities (file hashes) are checked instead, and a moved file with the same hash is the same run.
 RUN_FIELDS = ("dataset", "image_text_folder", "wds", "truncate_captions", "skip_long_captions",
-              "random_resize_crop_lower_ratio", "batch_size",
+              "random_resize_crop_lower_ratio", "caption_noise", "batch_size",
               "ga_steps", "learning_rate", "weight_decay", "clip_grad_norm", "warmup_steps", "lr_decay",
               "min_lr_ratio", "plateau_patience", "plateau_factor", "amp", "amp_dtype", "seed", "deepspeed",
               "zero_stage")
+# run fields newer than some checkpoints: a checkpoint without one trained with this value
+_RUN_FIELD_DEFAULTS_BEFORE = {"caption_noise": 0.0}
 # fields a bare --resume also takes from the checkpoint (they end the run, or decide its LR horizon)
 INHERITED_FIELDS = RUN_FIELDS + ("epochs", "max_steps", "deepspeed_config")
 # model fields the data decides, never flags
@@ -50,6 +52,8 @@ def changed_settings(ckpt: dict, cfg: TrainConfig, model_overrides: dict, facts:
     """'--flag value (saved: value)' for every run-shaping setting that differs from the checkpoint's."""
     changed = []
     saved_cfg = ckpt.get("train_config") or {}
+    if saved_cfg:
+        saved_cfg = {**_RUN_FIELD_DEFAULTS_BEFORE, **saved_cfg}
     for name in RUN_FIELDS:
         if name in saved_cfg and not _same(getattr(cfg, name), saved_cfg[name]):
             changed.append(_flag(name, getattr(cfg, name), saved_cfg[name]))
