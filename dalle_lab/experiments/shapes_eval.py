@@ -15,6 +15,8 @@ from dataclasses import asdict, dataclass
 import torch
 import torch.nn.functional as F
 
+from .object_breakdown import object_breakdown
+
 
 @dataclass
 class EvalSettings:
@@ -97,7 +99,11 @@ def generation_scores(model, vae, tokenizer, captions, settings: EvalSettings) -
 
 
 def evaluate_model(model, vae, tokenizer, settings: EvalSettings) -> tuple[dict, dict]:
-    """Everything the study records about one trained model -> (numbers, {split: generated images})."""
+    """Everything the study records about one trained model -> (numbers, {split: generated images}).
+
+    numbers[split]: the held-out losses, the checker's accuracy, exact_match and per_attribute, n_generated, and
+    "objects": object_breakdown.object_breakdown's dict for the generated images (absent when a split has no
+    captions)."""
     from dalle_lab.data.shapes import heldout_captions, validation_captions
 
     numbers, images = {}, {}
@@ -107,6 +113,10 @@ def evaluate_model(model, vae, tokenizer, settings: EvalSettings) -> tuple[dict,
         scores, generated = generation_scores(model, vae, tokenizer, captions, settings) if captions else ({}, None)
         numbers[split] = {**losses, **{k: scores[k] for k in ("accuracy", "exact_match", "per_attribute")
                                        if k in scores}, "n_generated": len(captions)}
+        if captions:
+            # which objects / caption positions the generations got right (issue 19, question (a)); it checks the
+            # images again (~40 ms each on a CPU) rather than change generation_scores' return value
+            numbers[split]["objects"] = object_breakdown(generated, captions)
         images[split] = generated
     return numbers, images
 
