@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from dalle_lab.experiments import loss_weighting as lw
+from dalle_lab.experiments.loss_weighting_claims import caption_attention_measures, paired_difference
 from dalle_lab.experiments.loss_weighting_report import write_report
 from dalle_lab.experiments.shapes_eval import EvalSettings, caption_token_mask
 from dalle_lab.experiments.stats import mean_ci
@@ -39,8 +40,9 @@ def test_study_trains_every_setting_and_seed_at_equal_compute(finished_study):
     assert outcome["failures"] == []
     results = outcome["results"]
     assert sorted((r["setting"], r["seed"]) for r in results) == sorted(
-        (s, k) for s in ("w1_T16", "w7_T16", "w1_T64", "w7_T64") for k in (0, 1))
-    assert len(lines) == 8 and lines[-1].startswith("[8/8]")
+        (s, k) for s in ("w1_T16", "w7_T16", "w1_T64", "w7_T64", "w1_T16_noise0.25", "w7_T16_noise0.25")
+        for k in (0, 1))
+    assert len(lines) == 12 and lines[-1].startswith("[12/12]")
     for r in results:
         train = r["train"]
         assert train["steps"] == 4 and train["samples_seen"] == 16  # the same budget for every setting
@@ -57,6 +59,14 @@ def test_study_trains_every_setting_and_seed_at_equal_compute(finished_study):
     by_key = {(r["setting"], r["seed"]): r for r in results}
     first = [by_key[(name, 0)]["curves"]["loss_img"][0] for name in ("w1_T16", "w7_T16")]
     assert first[0] == pytest.approx(first[1], rel=1e-5)
+    # the noise arm trained on other captions (same images, same init): its text loss differs from step 1
+    noisy, clean = by_key[("w1_T16_noise0.25", 0)], by_key[("w1_T16", 0)]
+    assert noisy["identity"]["setting"]["caption_noise"] == 0.25
+    assert noisy["curves"]["loss_text"] != pytest.approx(clean["curves"]["loss_text"], rel=1e-4)
+    for r in results:  # the one-word breakdown: every two-object caption lands in exactly one outcome
+        for split in ("val", "heldout"):
+            objects = r["eval"][split]["objects"]["objects"]
+            assert sum(objects["counts"].values()) == objects["n"]
 
 
 def test_study_writes_the_report_table_plots_and_json(finished_study):
@@ -64,25 +74,40 @@ def test_study_writes_the_report_table_plots_and_json(finished_study):
     out = outcome["report"].parent
     readme = outcome["report"].read_text()
     assert "PARTIAL" not in readme
-    for label in ("w=1, T=16", "w=7, T=16", "w=1, T=64", "w=7, T=64"):
+    for label in ("w=1, T=16", "w=7, T=16", "w=1, T=64", "w=7, T=64", "w=1, T=16, noise 25%"):
         assert f"| {label} | 2 | " in readme
+    assert readme.index("## Answers to the discussion's claims") < readme.index("## Set-up")
     assert "## What the data shows" in readme and "Welch" in readme
     assert "--steps 4" in readme  # the reproducing command carries the non-default flags
     from PIL import Image
 
-    for name in ("accuracy.png", "loss_curves.png", "samples.png"):
+    for name in ("accuracy.png", "loss_curves.png", "samples.png", "attention_words.png"):
         assert f"]({name})" in readme
         with Image.open(out / name) as image:
             assert image.format == "PNG" and image.width > 100
         assert (out / name).stat().st_size < 300_000  # small enough to commit
     document = json.loads((out / "results.json").read_text())
-    assert document["status"] == "complete" and document["runs_finished"] == 8
+    assert document["status"] == "complete" and document["runs_finished"] == 12
     summary = document["summary"]["w1_T16"]["val_accuracy"]
     values = summary["values"]
     assert len(values) == 2 and summary["mean"] == pytest.approx(sum(values) / 2)
     assert summary["half_width"] == pytest.approx(mean_ci(values).half_width)  # the t-interval over 2 seeds
     factors = {row["factor"] for row in document["comparisons"]}
-    assert factors == {"loss_img_weight", "text_seq_len"}
+    assert factors == {"loss_img_weight", "text_seq_len", "caption_noise"}
+    claims = document["claims"]
+    interaction = claims["noise"]["interaction"]["val_accuracy"]
+    by_key = {(r["setting"], r["seed"]): r["eval"]["val"]["accuracy"] for r in outcome["results"]}
+    expected = [(by_key[("w1_T16_noise0.25", k)] - by_key[("w7_T16_noise0.25", k)])
+                - (by_key[("w1_T16", k)] - by_key[("w7_T16", k)]) for k in (0, 1)]
+    assert interaction["values"] == pytest.approx(expected)  # paired by seed, exactly this difference
+    assert interaction["mean"] == pytest.approx(sum(expected) / 2)
+    runs = {(r["setting"], r["seed"]): r for r in outcome["results"]}
+    for k in (0, 1):  # the attention measures: shares of a distribution, and the claim pairs them by seed
+        measures = [caption_attention_measures(runs[(name, k)]["eval"]["attention_words"])
+                    for name in ("w1_T16", "w7_T16")]
+        assert all(0 < m["caption_share"] < 1 and m["role_entropy"] > 0 for m in measures)
+        assert claims["attention"]["differences"]["role_entropy"]["values"][k] == pytest.approx(
+            measures[0]["role_entropy"] - measures[1]["role_entropy"])
     assert all(0.0 <= row["p_holm"] <= 1.0 for row in document["comparisons"] if row["p_holm"] is not None)
 
 
@@ -91,16 +116,16 @@ def test_finished_runs_are_reused_not_retrained(finished_study):
     metrics = sorted(Path(config.runs_dir).rglob("dalle-metrics.jsonl"))
     before = [p.stat().st_mtime_ns for p in metrics]
     again = lw.run_study(config, log=lambda line: None)
-    assert all(r["cached"] for r in again["results"]) and len(again["results"]) == 8
+    assert all(r["cached"] for r in again["results"]) and len(again["results"]) == 12
     assert [p.stat().st_mtime_ns for p in metrics] == before
 
 
 def test_report_only_collects_the_runs_of_these_settings(finished_study):
     config, _, _ = finished_study
-    assert len(lw.collect_cached(config)) == 8
+    assert len(lw.collect_cached(config)) == 12
     skipped = []
     other = lw.StudyConfig(**{**config.__dict__, "learning_rate": 5e-4})
-    assert lw.collect_cached(other, log=skipped.append) == [] and len(skipped) == 8
+    assert lw.collect_cached(other, log=skipped.append) == [] and len(skipped) == 12
 
 
 def test_cached_run_of_other_settings_is_refused(finished_study):
@@ -165,8 +190,8 @@ def test_partial_report_is_labelled(finished_study, tmp_path):
     config, outcome, _ = finished_study
     partial = lw.StudyConfig(**{**config.__dict__, "out_dir": str(tmp_path / "partial")})
     some = [r for r in outcome["results"] if r["seed"] == 0]
-    readme = write_report(partial, some, 8, []).read_text()
-    assert "PARTIAL REPORT: 4 of 8 runs finished" in readme
+    readme = write_report(partial, some, 12, []).read_text()
+    assert "PARTIAL REPORT: 6 of 12 runs finished" in readme
     assert json.loads((tmp_path / "partial" / "results.json").read_text())["status"] == "partial"
 
 
@@ -179,4 +204,28 @@ def test_caption_token_mask_keeps_caption_and_its_end():
 def test_command_line_defaults_are_the_config_defaults():
     args = lw.build_parser().parse_args([])
     assert lw.config_from_args(args) == lw.StudyConfig()
+    quick = lw.config_from_args(lw.build_parser(quick=True).parse_args(["--quick", "--seeds", "2"]))
+    assert quick == lw.StudyConfig(**{**lw.StudyConfig().__dict__, **lw.QUICK, "seeds": 2})
+    assert quick.settings() == [lw.Setting(w, t) for t in (16, 64) for w in (1.0, 7.0)]  # no noise arm
     assert lw.main(["--seeds", "0"]) == 2
+
+
+def test_caption_attention_measures_follow_their_formula():
+    layer_one = {"color": 0.1, "shape": 0.1, "function_words": 0.0, "bos": 0.3, "pad": 0.1, "image": 0.4}
+    layer_two = {"color1": 0.2, "shape1": 0.1, "relation": 0.1, "bos": 0.2, "pad": 0.0, "image": 0.4}
+    attention = {"by_kind": {"one_object": {"n_captions": 3, "layers": [layer_one]},
+                             "two_objects": {"n_captions": 1, "layers": [layer_two]}}}
+    measures = caption_attention_measures(attention)
+    assert measures["caption_share"] == pytest.approx((3 * 0.2 + 1 * 0.4) / 4)
+    two = -(0.5 * math.log(0.5) + 2 * 0.25 * math.log(0.25))
+    assert measures["role_entropy"] == pytest.approx((3 * math.log(2) + 1 * two) / 4)
+
+
+def test_paired_difference_pairs_runs_by_seed_and_skips_unpaired_seeds():
+    a, b = lw.Setting(1.0, 16), lw.Setting(7.0, 16)
+    results = [{"setting": a.name, "seed": 0, "x": 1.0}, {"setting": b.name, "seed": 0, "x": 0.5},
+               {"setting": a.name, "seed": 1, "x": 2.0}, {"setting": b.name, "seed": 1, "x": 1.0},
+               {"setting": a.name, "seed": 2, "x": 9.0}]  # seed 2 has no partner
+    entry = paired_difference(results, a, b, lambda r: r["x"])
+    assert entry["values"] == [0.5, 1.0] and entry["mean"] == pytest.approx(0.75)
+    assert entry["half_width"] == pytest.approx(mean_ci([0.5, 1.0]).half_width)

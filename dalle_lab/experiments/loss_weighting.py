@@ -1,7 +1,8 @@
 """The CogView loss-weighting study: does weighting the text loss like the image loss (loss_img_weight 1, CogView)
 instead of 7 (DALL-E) change what a text-to-image transformer learns, and does a longer text context matter?
 
-    python -m dalle_lab.experiments.loss_weighting            # 2 weights x 2 text_seq_len x 3 seeds = 12 runs
+    python -m dalle_lab.experiments.loss_weighting            # (2 weights x 2 text_seq_len + 2 noisy) x 3 seeds
+    python -m dalle_lab.experiments.loss_weighting --quick    # the small study: 2 x 2 x 3 runs of a 1M model
 
 Every run trains the same model on the built-in Shapes data through the library's training loop
 (dalle_lab.training.loop.train) at equal compute: the same optimizer steps, batch size and learning-rate schedule,
@@ -37,34 +38,42 @@ PATCH_TOKENIZER_FILE = "patch_tokenizer.pt"
 class Setting:
     loss_img_weight: float
     text_seq_len: int
+    caption_noise: float = 0.0  # share of training captions with one attribute changed (TrainConfig.caption_noise)
 
     @property
     def name(self) -> str:  # a directory name
-        return f"w{self.loss_img_weight:g}_T{self.text_seq_len}"
+        noise = f"_noise{self.caption_noise:g}" if self.caption_noise else ""
+        return f"w{self.loss_img_weight:g}_T{self.text_seq_len}{noise}"
 
     @property
     def label(self) -> str:  # for tables and plots
-        return f"w={self.loss_img_weight:g}, T={self.text_seq_len}"
+        noise = f", noise {self.caption_noise:.0%}" if self.caption_noise else ""
+        return f"w={self.loss_img_weight:g}, T={self.text_seq_len}{noise}"
 
 
 @dataclass
 class StudyConfig:
-    """Every setting of the study. Defaults: the small CPU study (about an hour on 2 free cores, 2 runs at a time)."""
+    """Every setting of the study. Defaults: the main job's model and schedule, shortened to `steps` (about 1.5 h
+    on 2 free cores, 2 runs at a time); `--quick` (QUICK) is the small study that runs in under half of that."""
 
     # the grid
     loss_img_weights: tuple[float, ...] = (1.0, 7.0)
     text_seq_lens: tuple[int, ...] = (16, 64)  # Shapes captions are at most 12 tokens with the shipped vocab
     seeds: int = 3  # seeds 0 .. seeds-1; a seed fixes the initial weights and the training sample stream
-    # the model (DALLEConfig fields; the rest keep DALLEConfig's defaults)
-    dim: int = 128
-    depth: int = 3
-    heads: int = 4
+    # the caption-noise arm: every weight again at noise_text_seq_len, trained on captions of which this share has
+    # one attribute changed (does the best weighting depend on how noisy the captions are?); 0 = no such arm
+    caption_noise: float = 0.25
+    noise_text_seq_len: int = 16
+    # the model (DALLEConfig fields; the rest keep DALLEConfig's defaults, i.e. the main job's model)
+    dim: int = 192
+    depth: int = 4
+    heads: int = 6
     dim_head: int = 32
-    # training (TrainConfig fields)
-    steps: int = 250
+    # training (TrainConfig fields): the main job's float32 schedule (scripts/demo.sh) shortened from 1000 steps
+    steps: int = 600
     batch_size: int = 32
     learning_rate: float = 1e-3
-    warmup_steps: int = 25
+    warmup_steps: int = 50
     amp: bool = False
     device: str = "auto"
     log_every_n_steps: int = 5  # loss-curve resolution
@@ -87,7 +96,10 @@ class StudyConfig:
     progress: bool = True
 
     def settings(self) -> list[Setting]:
-        return [Setting(float(w), int(t)) for t in self.text_seq_lens for w in self.loss_img_weights]
+        grid = [Setting(float(w), int(t)) for t in self.text_seq_lens for w in self.loss_img_weights]
+        noisy = [Setting(float(w), int(self.noise_text_seq_len), float(self.caption_noise))
+                 for w in self.loss_img_weights] if self.caption_noise > 0 else []
+        return grid + noisy
 
     def tasks(self) -> list[tuple[Setting, int]]:
         """Every (setting, seed), seed-major: a study stopped early has the same seeds for every setting."""
@@ -97,6 +109,9 @@ class StudyConfig:
         return dict(dim=self.dim, depth=self.depth, heads=self.heads, dim_head=self.dim_head,
                     text_seq_len=setting.text_seq_len, loss_img_weight=setting.loss_img_weight)
 
+    def quick(self) -> "StudyConfig":
+        return StudyConfig(**{**asdict(self), "eval": self.eval, **QUICK})
+
     def to_dict(self) -> dict:
         return asdict(self)
 
@@ -105,6 +120,8 @@ class StudyConfig:
             raise ValueError(f"--seeds must be at least 1, got {self.seeds} (use 3 or more for confidence intervals)")
         if not self.loss_img_weights or not self.text_seq_lens:
             raise ValueError("give at least one --loss_img_weights value and one --text_seq_lens value")
+        if not 0 <= self.caption_noise < 1:
+            raise ValueError(f"--caption_noise must be in [0, 1), got {self.caption_noise}")
         if self.steps < 1 or self.batch_size < 1 or self.workers < 1 or self.threads < 1:
             raise ValueError("--steps, --batch_size, --workers and --threads must be positive")
         if self.image_tokenizer not in IMAGE_TOKENIZERS:
@@ -112,6 +129,11 @@ class StudyConfig:
         if (self.vqgan_model_path is None) != (self.vqgan_config_path is None):
             raise ValueError("give both --vqgan_model_path (.ckpt) and --vqgan_config_path (.yaml), or neither for "
                              "the default Shapes image tokenizer")
+
+
+# The small study (the report of 30 Nov 2026, tests): a 1M-parameter model, 250 steps, no caption-noise arm
+QUICK = dict(dim=128, depth=3, heads=4, dim_head=32, steps=250, warmup_steps=25, caption_noise=0.0,
+             out_dir="reports/loss_weighting_quick", runs_dir="runs/loss_weighting_quick")
 
 
 # ------------------------------------------------------------------------------------------------ one run
@@ -185,6 +207,7 @@ def run_one(config: StudyConfig, setting: Setting, seed: int, image_tokenizer: d
     from dalle_lab.utils import atomic_write, pick_device
     from dalle_lab.viz.grid import to_uint8
 
+    from .attention_words import caption_word_attention
     from .shapes_eval import evaluate_model
 
     torch.set_num_threads(config.threads)
@@ -206,6 +229,7 @@ def run_one(config: StudyConfig, setting: Setting, seed: int, image_tokenizer: d
     atomic_write(started_with, lambda tmp: Path(tmp).write_text(json.dumps(identity, indent=1)))
     train_config = TrainConfig(
         bpe_path=config.bpe_path,  # the image tokenizer is passed as an object below
+        caption_noise=setting.caption_noise,
         max_steps=config.steps, batch_size=config.batch_size, learning_rate=config.learning_rate,
         warmup_steps=config.warmup_steps, amp=config.amp, device=config.device, seed=seed,
         output_dir=str(directory), save_every_n_steps=config.save_every_n_steps, keep_n_checkpoints=1,
@@ -221,6 +245,9 @@ def run_one(config: StudyConfig, setting: Setting, seed: int, image_tokenizer: d
     model.to(pick_device(config.device)).eval()  # .to() moves the vae with it
     started = time.monotonic()
     numbers, images = evaluate_model(model, vae, tokenizer, config.eval)
+    # where the image tokens look among the caption's words, layer by layer (the discussion's "heatmap" question)
+    numbers["attention_words"] = caption_word_attention(model, vae, tokenizer, split="val", n=config.eval.n_val,
+                                                        seed=config.eval.seed, batch_size=config.eval.batch_size)
     eval_seconds = time.monotonic() - started
 
     curves = read_curves(directory / "dalle-metrics.jsonl")
@@ -347,18 +374,26 @@ def run_study(config: StudyConfig, log=print, report_every_s: float = 60.0) -> d
 
 # ------------------------------------------------------------------------------------------------ command line
 
-def build_parser() -> argparse.ArgumentParser:
-    d = StudyConfig()
+def build_parser(quick: bool = False) -> argparse.ArgumentParser:
+    d = StudyConfig().quick() if quick else StudyConfig()
     e = EvalSettings()
     p = argparse.ArgumentParser(prog="python -m dalle_lab.experiments.loss_weighting",
                                 description="Train the same Shapes model with loss_img_weight x text_seq_len at "
                                             "equal compute over several seeds; write a report with CIs and plots.")
+    p.add_argument("--quick", action="store_true",
+                   help="the small study: a 1M-parameter model, 250 steps, no caption-noise arm, its own "
+                        "out_dir and runs_dir (flags given with it still win)")
     grid = p.add_argument_group("grid")
     grid.add_argument("--loss_img_weights", type=float, nargs="+", default=list(d.loss_img_weights), metavar="W",
                       help="loss = (text + W * image) / (W + 1); 1 as CogView, 7 as DALL-E")
     grid.add_argument("--text_seq_lens", type=int, nargs="+", default=list(d.text_seq_lens), metavar="T",
                       help="text tokens per caption (Shapes captions have at most 12)")
     grid.add_argument("--seeds", type=int, default=d.seeds, help="seeds per setting (0 .. N-1)")
+    grid.add_argument("--caption_noise", type=float, default=d.caption_noise,
+                      help="the caption-noise arm: every weight again, trained on captions of which this share has "
+                           "one attribute changed (0 = no such arm)")
+    grid.add_argument("--noise_text_seq_len", type=int, default=d.noise_text_seq_len,
+                      help="text_seq_len of the caption-noise arm")
     model = p.add_argument_group("model")
     for name in ("dim", "depth", "heads", "dim_head"):
         model.add_argument(f"--{name}", type=int, default=getattr(d, name))
@@ -403,7 +438,8 @@ def config_from_args(args: argparse.Namespace) -> StudyConfig:
 
 
 def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
+    quick = "--quick" in (sys.argv[1:] if argv is None else argv)
+    args = build_parser(quick).parse_args(argv)
     config = config_from_args(args)
     try:
         config.check()

@@ -77,6 +77,13 @@ def comparisons(config, results: list[dict]) -> list[dict]:
         for i, ta in enumerate(lengths):
             for tb in lengths[i + 1:]:
                 pairs.append(("text_seq_len", Setting(float(w), int(tb)), Setting(float(w), int(ta))))
+    if config.caption_noise:  # the caption-noise arm: weight vs weight on noisy captions, noisy vs clean per weight
+        t, noise = int(config.noise_text_seq_len), float(config.caption_noise)
+        for i, wa in enumerate(weights):
+            for wb in weights[i + 1:]:
+                pairs.append(("loss_img_weight", Setting(float(wa), t, noise), Setting(float(wb), t, noise)))
+        for w in weights:
+            pairs.append(("caption_noise", Setting(float(w), t, noise), Setting(float(w), t)))
     rows = []
     paths = {key: path for key, _, path in METRICS}
     for factor, a, b in pairs:
@@ -185,8 +192,10 @@ def comparison_table(rows: list[dict]) -> list[str]:
 
 
 def markdown(config, summary: dict, rows: list[dict], results: list[dict], expected: int, failures: list[dict],
-             plots: dict) -> str:
+             plots: dict, claims: dict) -> str:
     from dalle_lab.model import DALLEConfig
+
+    from .loss_weighting_claims import claim_lines, object_table
 
     settings = config.settings()
     done = len(results)
@@ -212,6 +221,7 @@ def markdown(config, summary: dict, rows: list[dict], results: list[dict], expec
         "per seed, the identical stream of training samples (equal compute; the longer text context additionally "
         "processes pad positions, which costs time but carries no information).",
         "",
+        *claim_lines(claims),
         "## Set-up",
         "",
         f"- Model: dim {config.dim}, depth {config.depth}, heads {config.heads}, dim_head {config.dim_head}; "
@@ -221,7 +231,10 @@ def markdown(config, summary: dict, rows: list[dict], results: list[dict], expec
         f"(e.g. {DALLEConfig().null_cond_prob:.0%} caption dropout for guidance).",
         f"- Grid: loss_img_weight {', '.join(f'{w:g}' for w in config.loss_img_weights)} x text_seq_len "
         f"{', '.join(str(t) for t in config.text_seq_lens)}, seeds 0..{config.seeds - 1} "
-        f"(a seed fixes the initial weights and the training sample stream, the same for every setting).",
+        f"(a seed fixes the initial weights and the training sample stream, the same for every setting)"
+        + (f"; and every weight again at text_seq_len {config.noise_text_seq_len} on captions of which "
+           f"{config.caption_noise:.0%} (drawn per sample from the seed) have one attribute changed, the image "
+           "unchanged (`--caption_noise`)." if config.caption_noise else "."),
         f"- Evaluation per run: losses in eval mode on {e.n_loss} validation and {e.n_loss} held-out-composition "
         f"samples; one image generated ({_sampling(e)}) for each of {e.n_val} "
         f"validation captions and {e.n_heldout} held-out-composition captions, scored by the Shapes checker "
@@ -252,9 +265,12 @@ def markdown(config, summary: dict, rows: list[dict], results: list[dict], expec
                                     "heldout_loss_img"]),
         "",
         *attribute_table(settings, results),
+        *object_table(settings, results),
     ]
     if plots.get("accuracy"):
         out += [f"![attribute accuracy and exact match per setting]({plots['accuracy']})", ""]
+    if plots.get("attention"):
+        out += [f"![image-token attention per caption role and layer, per setting]({plots['attention']})", ""]
     if plots.get("curves"):
         out += [f"![training text and image loss per setting]({plots['curves']})", ""]
     if plots.get("samples"):
@@ -269,7 +285,8 @@ def markdown(config, summary: dict, rows: list[dict], results: list[dict], expec
                 "show: \"no significant difference\" means this study cannot tell the settings apart, not that "
                 "they are equal.", ""]
         for factor, title in (("loss_img_weight", "Text vs image weighting (same text_seq_len)"),
-                              ("text_seq_len", "Short vs long text context (same weighting)")):
+                              ("text_seq_len", "Short vs long text context (same weighting)"),
+                              ("caption_noise", "Noisy vs clean captions (same weighting)")):
             mine = [r for r in rows if r["factor"] == factor]
             if mine:
                 out += [f"**{title}:**", "", *finding_lines(mine), ""]
@@ -474,6 +491,8 @@ def write_report(config, results: list[dict], expected: int, failures: list[dict
     """README.md, results.json and the PNGs in config.out_dir, from the finished runs' results."""
     from dalle_lab.utils import atomic_write
 
+    from .loss_weighting_claims import all_claims, mean_attention
+
     out_dir = Path(config.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     settings = config.settings()
@@ -481,11 +500,17 @@ def write_report(config, results: list[dict], expected: int, failures: list[dict
                                              if r["setting"] in [s.name for s in settings] else 99, r["seed"]))
     summary = summarise(settings, results)
     rows = comparisons(config, results)
+    claims = all_claims(config, results)
     plots = {}
     if plot_accuracy(settings, summary, out_dir / "accuracy.png"):
         plots["accuracy"] = "accuracy.png"
     if plot_curves(settings, results, out_dir / "loss_curves.png"):
         plots["curves"] = "loss_curves.png"
+    attention = {s.label: a for s in settings if (a := mean_attention(results, s)) is not None}
+    if attention:
+        from .attention_words import plot_word_attention
+
+        plots["attention"] = plot_word_attention(attention, out_dir / "attention_words.png").name
     if plot_samples(config, settings, results, out_dir / "samples.png"):
         from dalle_lab.data.shapes import heldout_captions
 
@@ -493,12 +518,12 @@ def write_report(config, results: list[dict], expected: int, failures: list[dict
         plots["sample_captions"] = heldout_captions(min(config.eval.n_heldout, 8), config.eval.seed)
     status = "complete" if len(results) == expected and not failures else "partial"
     document = {"status": status, "runs_finished": len(results), "runs_expected": expected,
-                "study": config.to_dict(), "summary": summary, "comparisons": rows,
+                "study": config.to_dict(), "summary": summary, "comparisons": rows, "claims": claims,
                 "failures": [{k: v for k, v in f.items()} for f in failures],
                 "runs": [{k: v for k, v in r.items() if k != "cached"} for r in results]}
     atomic_write(out_dir / "results.json",
                  lambda tmp: Path(tmp).write_text(json.dumps(_finite(document), indent=1, allow_nan=False)))
-    text = markdown(config, summary, rows, results, expected, failures, plots)
+    text = markdown(config, summary, rows, results, expected, failures, plots, claims)
     return atomic_write(out_dir / "README.md", lambda tmp: Path(tmp).write_text(text))
 
 
