@@ -79,18 +79,29 @@ def across_seeds(rows: list[dict]) -> list[dict]:
     return out
 
 
+def short_label(setting: str) -> str:
+    """A setting as a legend entry: reward names shortened (jpeg_compressibility -> jpeg, ...)."""
+    for long, short in (("jpeg_compressibility", "jpeg"), ("shapes_faithfulness", "faithfulness"), ("reward=", "")):
+        setting = setting.replace(long, short)
+    return setting
+
+
 def plot_frontier(rows: list[dict], path: Path, title: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
-    for row in rows:
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    settings = list(dict.fromkeys(row["setting"] for row in rows))
+    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for row in rows:  # one colour per setting, one point per training seed
+        colour = colours[settings.index(row["setting"]) % len(colours)]
         for ax, x in ((axes[0], row["kl_ref_image"]), (axes[1], row["accuracy_drop"])):
-            ax.scatter([x], [row["reward_gain_se"]], s=30)
-            ax.annotate(row["setting"], (x, row["reward_gain_se"]), fontsize=7, xytext=(3, 3),
-                        textcoords="offset points")
+            ax.scatter([x], [row["reward_gain_se"]], s=30, color=colour,
+                       label=short_label(row["setting"]) if ax is axes[0] and row.get("seed", 0) == min(
+                           r.get("seed", 0) for r in rows if r["setting"] == row["setting"]) else None)
+    axes[0].legend(fontsize=7, loc="best")
     axes[0].set_xlabel("KL to the starting model (nats per image)")
     axes[1].set_xlabel("checker attribute accuracy lost (validation captions)")
     axes[1].axvline(0.05, color="grey", linestyle=":", linewidth=1)
