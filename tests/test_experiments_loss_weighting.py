@@ -229,3 +229,11 @@ def test_paired_difference_pairs_runs_by_seed_and_skips_unpaired_seeds():
     entry = paired_difference(results, a, b, lambda r: r["x"])
     assert entry["values"] == [0.5, 1.0] and entry["mean"] == pytest.approx(0.75)
     assert entry["half_width"] == pytest.approx(mean_ci([0.5, 1.0]).half_width)
+
+
+def test_claims_of_a_grid_with_one_text_context_say_what_was_not_measured():
+    from dalle_lab.experiments.loss_weighting_claims import all_claims, claim_lines
+
+    lines = "\n".join(claim_lines(all_claims(lw.StudyConfig(text_seq_lens=(16,)), [])))
+    assert "Not measured in this report: its grid has one text_seq_len" in lines
+    assert "w=1, T=16 minus w=1, T=16" not in lines  # no comparison of a setting with itself

@@ -87,6 +87,8 @@ def claim_text_seq_len(config, results) -> dict:
 
     short, long = min(config.text_seq_lens), max(config.text_seq_lens)
     out = {}
+    if short == long:  # one text context in this grid: nothing to compare
+        return out
     for w in config.loss_img_weights:
         a, b = Setting(float(w), long), Setting(float(w), short)
         out[f"w{w:g}"] = {"a": a.label, "b": b.label, "differences": {
@@ -239,9 +241,13 @@ def claim_lines(claims: dict) -> list[str]:
         parts.append(f"{entry['a']} minus {entry['b']}: total training loss {interval_text(e['train_loss'])}, "
                      f"caption-token text loss {interval_text(e['val_loss_text_caption'])}, validation image loss "
                      f"{interval_text(e['val_loss_img'])}, checker accuracy {interval_text(e['val_accuracy'])}")
-    out += ["2. **\"Increasing `text_seq_len` makes the loss converge higher.\"** " + "; ".join(parts) + ". (The "
-            "total loss averages over pad positions too, which a longer context fills with trivially predictable "
-            "pads: see \"How to read the losses\".)", ""]
+    if parts:
+        out += ["2. **\"Increasing `text_seq_len` makes the loss converge higher.\"** " + "; ".join(parts) + ". (The "
+                "total loss averages over pad positions too, which a longer context fills with trivially "
+                "predictable pads: see \"How to read the losses\".)", ""]
+    else:
+        out += ["2. **\"Increasing `text_seq_len` makes the loss converge higher.\"** Not measured in this report: "
+                "its grid has one text_seq_len (run the study with two or more `--text_seq_lens`).", ""]
     conv = claims["convergence"]
     e = conv["differences"]
     out += [f"3. **\"Lowering the image weight converges faster.\"** {conv['a']} minus {conv['b']}, training image "
