@@ -1,5 +1,6 @@
 """Interrupting train_dalle.py as a user (or the machine) does: SIGKILL at a random moment after the first
 checkpoint, or Ctrl-C, then --resume. The final weights equal the uninterrupted run's (float32, within 1e-6)."""
+import importlib.util
 import json
 import os
 import random
@@ -7,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -174,3 +176,112 @@ def test_two_processes_killed_then_resumed_end_like_the_straight_two_process_run
     assert_same_weights(final["straight"]["model"], final["interrupted"]["model"], atol=1e-6)
     steps = [json.loads(line)["step"] for line in (out / "dalle-metrics.jsonl").read_text().splitlines()]
     assert steps == list(range(1, max_steps + 1)), stopped_at
+
+
+# ------------------------------------------------------------------ DeepSpeed through the command line
+
+needs_deepspeed = pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None, reason="DeepSpeed is not installed")
+DEEPSPEED_STEPS = 40
+# ZeRO-2 in float32 (--no-amp in RANDOM_FLAGS); two micro-batches a step, so DeepSpeed's own accumulation counter
+# must be at a boundary in every checkpoint
+DEEPSPEED_FLAGS = ["--deepspeed", "--zero_stage", "2", "--ga_steps", "2", "--max_steps", DEEPSPEED_STEPS]
+DEEPSPEED_TIMEOUT = 1200  # s per run: each takes ~10 s of CPU, but a slow test may share busy cores
+
+
+def deepspeed_args(tiny_vqgan):
+    return [*vqgan_flags(tiny_vqgan), *RANDOM_FLAGS, *DEEPSPEED_FLAGS]
+
+
+def start_logged(*args, log):
+    """`python train_dalle.py ...` with its output in the file `log` (no pipe to fill and stall the run)."""
+    with open(log, "w") as file:
+        return subprocess.Popen([sys.executable, str(ROOT / "train_dalle.py"), *map(str, args)], stdout=file,
+                                stderr=subprocess.STDOUT, cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"})
+
+
+def finished(process, out: Path, log: Path) -> dict:
+    """Wait for a run that must succeed; its final checkpoint."""
+    code = process.wait(timeout=DEEPSPEED_TIMEOUT)
+    assert code == 0, log.read_text()[-3000:]
+    return torch.load(out / "dalle.pt", weights_only=True)
+
+
+@pytest.fixture(scope="module")
+def deepspeed_straight_run(tiny_vqgan, tmp_path_factory):
+    """The uninterrupted one-process DeepSpeed run both one-process tests compare with: started when first asked
+    for, so it runs alongside the first test's interrupted run (two processes, two cores). Call it for its final
+    checkpoint."""
+    out = tmp_path_factory.mktemp("deepspeed-straight")
+    log = out.parent / f"{out.name}.log"
+    process = start_logged(*deepspeed_args(tiny_vqgan), "--output_dir", out, log=log)
+    yield lambda: finished(process, out, log)
+    if process.poll() is None:
+        kill_tree(process.pid)
+        process.wait()
+
+
+def check_deepspeed_cli_interrupt_resumes_exactly(args, tmp_path, launch, straight_run, sig, zero_stage=2):
+    """`launch(*args, log=...)` starts the command line (one process, or torchrun); interrupt it with `sig` at a
+    random moment after its first checkpoint, run the same command with --resume, and compare the final weights
+    with `straight_run()`'s. The moment is drawn from a generator seeded with the launcher and the signal: a
+    failure repeats with the same delay."""
+    out = tmp_path / "interrupted"
+    delay = random.Random(f"deepspeed {launch.__name__} {sig.name}").uniform(0, 0.3)
+    process = launch(*args, "--output_dir", out, log=tmp_path / "interrupted.log")
+    deadline = time.monotonic() + DEEPSPEED_TIMEOUT
+    while not (out / "dalle.pt").exists() and process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(delay)
+    if process.poll() is None:
+        if sig == signal.SIGKILL:
+            kill_tree(process.pid)  # the process and everything it started (torchrun: both workers), at once
+        else:
+            process.send_signal(sig)
+    code = process.wait(timeout=DEEPSPEED_TIMEOUT)
+    output = (tmp_path / "interrupted.log").read_text()
+    stopped_at = torch.load(out / "dalle.pt", weights_only=True)["step"]
+    assert stopped_at < DEEPSPEED_STEPS, f"the run ended before the signal ({delay:.2f} s after its first checkpoint)"
+    if sig == signal.SIGINT:  # a clean stop: exit code 130, the step it stopped at is saved
+        assert code == 130 and f"step {stopped_at} saved" in output, output[-3000:]
+    else:
+        assert code == -signal.SIGKILL, output[-3000:]
+
+    log = tmp_path / "resumed.log"
+    resumed = finished(launch(*args, "--output_dir", out, "--resume", log=log), out, log)
+    assert f"at step {stopped_at}" in log.read_text()  # "resumed ... at step k"
+    straight = straight_run()
+    for ckpt in (straight, resumed):
+        assert ckpt["step"] == DEEPSPEED_STEPS
+        assert ckpt["engine"] == "deepspeed" and ckpt["deepspeed"]["zero_stage"] == zero_stage
+        assert all(tensor.dtype == torch.float32 for tensor in ckpt["model"].values())
+    assert straight["deepspeed"]["world_size"] == resumed["deepspeed"]["world_size"]
+    assert_same_weights(straight["model"], resumed["model"], atol=1e-6)
+    steps = [json.loads(line)["step"] for line in (out / "dalle-metrics.jsonl").read_text().splitlines()]
+    assert steps == list(range(1, DEEPSPEED_STEPS + 1)), (delay, stopped_at)
+
+
+@slow
+@needs_deepspeed
+def test_deepspeed_zero2_sigkill_then_resume_through_the_command_line(tiny_vqgan, tmp_path, deepspeed_straight_run):
+    check_deepspeed_cli_interrupt_resumes_exactly(deepspeed_args(tiny_vqgan), tmp_path, start_logged,
+                                                  deepspeed_straight_run, signal.SIGKILL)
+
+
+@slow
+@needs_deepspeed
+def test_deepspeed_zero2_ctrl_c_stops_at_a_step_boundary_saves_and_resumes(tiny_vqgan, tmp_path,
+                                                                            deepspeed_straight_run):
+    check_deepspeed_cli_interrupt_resumes_exactly(deepspeed_args(tiny_vqgan), tmp_path, start_logged,
+                                                  deepspeed_straight_run, signal.SIGINT)
+
+
+@slow
+@needs_deepspeed
+def test_deepspeed_zero2_two_processes_killed_then_resumed_end_like_the_straight_run(tiny_vqgan, tmp_path):
+    """ZeRO-2 across two processes: each rank holds half of the optimizer state, both halves go into the checkpoint
+    and come back to their ranks."""
+    args = deepspeed_args(tiny_vqgan)
+    log = tmp_path / "straight.log"
+    straight = finished(torchrun(*args, "--output_dir", tmp_path / "straight", log=log), tmp_path / "straight", log)
+    assert straight["deepspeed"]["world_size"] == 2
+    check_deepspeed_cli_interrupt_resumes_exactly(args, tmp_path, torchrun, lambda: straight, signal.SIGKILL)
