@@ -15,7 +15,7 @@ demo: install
 emoji: install
 	bash scripts/emoji.sh
 
-# DALLE_LAB_SLOW_TESTS=1 includes the two tests that start two processes (about 30 s each)
+# DALLE_LAB_SLOW_TESTS=1 includes the slow tests: several processes, kill-and-resume through the command line
 test: install
 	DALLE_LAB_SLOW_TESTS=1 $(PY) -m pytest -q -n 2 tests
 
