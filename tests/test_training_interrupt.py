@@ -25,10 +25,20 @@ RANDOM_FLAGS = ["--dim", "32", "--depth", "1", "--heads", "2", "--dim_head", "16
                 "--save_every_n_steps", "3"]
 
 
+# Set in this process by earlier in-process distributed tests (MASTER_PORT especially): a child that inherited them
+# would bind the same port as its concurrently running sibling and die before its first step.
+DISTRIBUTED_VARIABLES = ("MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE")
+
+
+def child_env() -> dict:
+    env = {k: v for k, v in os.environ.items() if k not in DISTRIBUTED_VARIABLES}
+    return {**env, "OMP_NUM_THREADS": "1"}
+
+
 def start(*args):
     return subprocess.Popen([sys.executable, str(ROOT / "train_dalle.py"), *map(str, args)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
-                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+                            env=child_env())
 
 
 def interrupt_after_first_checkpoint(args, out, sig, delay):
@@ -129,10 +139,12 @@ def test_sigkill_then_resume_on_webdataset_shards(tiny_vqgan, tmp_path, capsys):
 def torchrun(*args, log):
     """Two training processes under torchrun; output goes to the file `log` (a pipe nobody reads could fill and stall
     the run)."""
+    from dalle_lab.training.distributed import free_port
+
     return subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-                             str(ROOT / "train_dalle.py"), *map(str, args)],
+                             "--master_port", str(free_port()), str(ROOT / "train_dalle.py"), *map(str, args)],
                             stdout=open(log, "w"), stderr=subprocess.STDOUT, cwd=ROOT,
-                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+                            env=child_env())
 
 
 def kill_tree(pid: int) -> None:
@@ -196,7 +208,7 @@ def start_logged(*args, log):
     """`python train_dalle.py ...` with its output in the file `log` (no pipe to fill and stall the run)."""
     with open(log, "w") as file:
         return subprocess.Popen([sys.executable, str(ROOT / "train_dalle.py"), *map(str, args)], stdout=file,
-                                stderr=subprocess.STDOUT, cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"})
+                                stderr=subprocess.STDOUT, cwd=ROOT, env=child_env())
 
 
 def finished(process, out: Path, log: Path) -> dict:
