@@ -54,18 +54,24 @@ def interrupt_after_first_checkpoint(args, out, sig, delay):
     return process.returncode, stderr
 
 
+def check_interrupted(out: Path, code: int, output: str, sig, max_steps: int, delay: float) -> int:
+    """The interrupted run stopped as the signal says, before its last step; the step its checkpoint holds."""
+    stopped_at = torch.load(out / "dalle.pt", weights_only=True)["step"]
+    assert stopped_at < max_steps, f"the run ended before the signal ({delay:.2f} s after its first checkpoint)"
+    if sig == signal.SIGINT:  # a clean stop: exit code 130, the step it stopped at is saved
+        assert code == 130 and f"step {stopped_at} saved" in output, output[-3000:]
+    else:
+        assert code == -signal.SIGKILL, output[-3000:]
+    return stopped_at
+
+
 def check_interrupted_run_resumes_exactly(tiny_vqgan, tmp_path, capsys, data_flags, sig, max_steps=16):
     args = [*vqgan_flags(tiny_vqgan), *RANDOM_FLAGS, *data_flags, "--max_steps", max_steps]
     assert script_main("train_dalle.py", *args, "--output_dir", tmp_path / "straight") == 0
     out = tmp_path / "interrupted"
     delay = random.uniform(0, 0.2)
     code, stderr = interrupt_after_first_checkpoint([*args, "--output_dir", out], out, sig, delay)
-    stopped_at = torch.load(out / "dalle.pt", weights_only=True)["step"]
-    assert stopped_at < max_steps, f"the run ended before the signal ({delay:.2f} s after its first checkpoint)"
-    if sig == signal.SIGINT:  # a clean stop: exit code 130, the step it stopped at is saved
-        assert code == 130 and f"step {stopped_at} saved" in stderr, stderr[-2000:]
-    else:
-        assert code == -signal.SIGKILL, stderr[-2000:]
+    stopped_at = check_interrupted(out, code, stderr, sig, max_steps, delay)
     capsys.readouterr()
     # the resume runs in this process (a fresh interpreter costs seconds of imports; argv is parsed the same way)
     assert script_main("train_dalle.py", *args, "--output_dir", out, "--resume") == 0
@@ -251,12 +257,7 @@ def check_deepspeed_cli_interrupt_resumes_exactly(args, tmp_path, launch, straig
             process.send_signal(sig)
     code = process.wait(timeout=DEEPSPEED_TIMEOUT)
     output = (tmp_path / "interrupted.log").read_text()
-    stopped_at = torch.load(out / "dalle.pt", weights_only=True)["step"]
-    assert stopped_at < DEEPSPEED_STEPS, f"the run ended before the signal ({delay:.2f} s after its first checkpoint)"
-    if sig == signal.SIGINT:  # a clean stop: exit code 130, the step it stopped at is saved
-        assert code == 130 and f"step {stopped_at} saved" in output, output[-3000:]
-    else:
-        assert code == -signal.SIGKILL, output[-3000:]
+    stopped_at = check_interrupted(out, code, output, sig, DEEPSPEED_STEPS, delay)
 
     log = tmp_path / "resumed.log"
     resumed = finished(launch(*args, "--output_dir", out, "--resume", log=log), out, log)
