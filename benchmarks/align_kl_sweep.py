@@ -95,12 +95,13 @@ def plot_frontier(rows: list[dict], path: Path, title: str) -> None:
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
     settings = list(dict.fromkeys(row["setting"] for row in rows))
     colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    for row in rows:  # one colour per setting, one point per training seed
+    labelled = set()
+    for row in rows:  # one colour per setting, one point per training seed, one legend entry per setting
         colour = colours[settings.index(row["setting"]) % len(colours)]
+        label = None if row["setting"] in labelled else short_label(row["setting"])
+        labelled.add(row["setting"])
         for ax, x in ((axes[0], row["kl_ref_image"]), (axes[1], row["accuracy_drop"])):
-            ax.scatter([x], [row["reward_gain_se"]], s=30, color=colour,
-                       label=short_label(row["setting"]) if ax is axes[0] and row.get("seed", 0) == min(
-                           r.get("seed", 0) for r in rows if r["setting"] == row["setting"]) else None)
+            ax.scatter([x], [row["reward_gain_se"]], s=30, color=colour, label=label if ax is axes[0] else None)
     axes[0].legend(fontsize=7, loc="best")
     axes[0].set_xlabel("KL to the starting model (nats per image)")
     axes[1].set_xlabel("checker attribute accuracy lost (validation captions)")

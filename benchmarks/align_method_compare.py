@@ -40,8 +40,8 @@ def method_curves(report: dict) -> dict:
     for i in range(points):
         rows = [run["evals"][i] for run in runs]
         starts = [run["evals"][0] for run in runs]
-        point = {"images_sampled": t_interval([r["images_sampled"] for r in rows])["mean"],
-                 "elapsed_s": t_interval([r["elapsed_s"] for r in rows])["mean"], "seeds": len(rows)}
+        point = {"images_sampled": sum(r["images_sampled"] for r in rows) / len(rows),
+                 "elapsed_s": sum(r["elapsed_s"] for r in rows) / len(rows), "seeds": len(rows)}
         for key in MEASURES:
             if all(f"eval_{key}" in r for r in rows):
                 point[key] = t_interval([r[f"eval_{key}"] for r in rows])
