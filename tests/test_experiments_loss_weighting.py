@@ -238,3 +238,32 @@ def test_claims_of_a_grid_with_one_text_context_say_what_was_not_measured():
     lines = "\n".join(claim_lines(all_claims(lw.StudyConfig(text_seq_lens=(16,)), [])))
     assert "Not measured in this report: its grid has one text_seq_len" in lines
     assert "w=1, T=16 minus w=1, T=16" not in lines  # no comparison of a setting with itself
+
+
+def test_noise_interaction_is_the_noisy_weight_gap_minus_the_clean_one_seed_by_seed():
+    from dalle_lab.experiments.loss_weighting_claims import claim_noise
+
+    config = lw.StudyConfig(text_seq_lens=(16,), caption_noise=0.25, noise_text_seq_len=16)
+    accuracy = {("w1_T16", 0): 0.70, ("w7_T16", 0): 0.60, ("w1_T16_noise0.25", 0): 0.50, ("w7_T16_noise0.25", 0): 0.55,
+                ("w1_T16", 1): 0.72, ("w7_T16", 1): 0.62, ("w1_T16_noise0.25", 1): 0.58, ("w7_T16_noise0.25", 1): 0.50}
+    results = [{"setting": name, "seed": seed, "eval": {"val": {"accuracy": value}}}
+               for (name, seed), value in accuracy.items()]
+    noise = claim_noise(config, results)
+    # seed 0: (0.50 - 0.55) - (0.70 - 0.60) = -0.15; seed 1: (0.58 - 0.50) - (0.72 - 0.62) = -0.02
+    assert noise["interaction"]["val_accuracy"]["values"] == pytest.approx([-0.15, -0.02])
+    assert noise["noise_effect"]["val_accuracy w=1, T=16, noise 25%"]["values"] == pytest.approx([-0.20, -0.14])
+    assert noise["interaction"]["val_exact_match"] is None  # not measured in these results: said, not invented
+
+
+def test_one_word_claim_counts_images_with_exactly_one_object_right():
+    from dalle_lab.experiments.loss_weighting_claims import claim_one_word
+
+    def run(name, seed, first, second, both):
+        shares = {"both": both, "first_only": first, "second_only": second, "neither": 1 - first - second - both}
+        return {"setting": name, "seed": seed, "eval": {"val": {"objects": {"objects": {"shares": shares}}}}}
+    results = [run("w1_T16", 0, 0.3, 0.1, 0.4), run("w7_T16", 0, 0.2, 0.1, 0.5),
+               run("w1_T16", 1, 0.2, 0.2, 0.3), run("w7_T16", 1, 0.1, 0.1, 0.6)]
+    d = claim_one_word(lw.StudyConfig(text_seq_lens=(16,)), results)["differences"]
+    assert d["val_only_one"]["values"] == pytest.approx([0.1, 0.2])  # (first + second only), w=1 minus w=7
+    assert d["val_both"]["values"] == pytest.approx([-0.1, -0.3])
+    assert d["heldout_only_one"] is None

@@ -130,7 +130,8 @@ def claim_noise(config, results) -> dict | None:
             get = _eval(split, key)
 
             def gap(r_low, r_high):
-                return None if r_low is None or r_high is None else get(r_low) - get(r_high)
+                values = [None if r is None else get(r) for r in (r_low, r_high)]
+                return None if None in values else values[0] - values[1]
             values = []
             for seed in sorted({r["seed"] for r in results}):
                 noisy = gap(_result(results, noisy_low, seed), _result(results, noisy_high, seed))
