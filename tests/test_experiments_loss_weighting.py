@@ -267,3 +267,32 @@ def test_one_word_claim_counts_images_with_exactly_one_object_right():
     assert d["val_only_one"]["values"] == pytest.approx([0.1, 0.2])  # (first + second only), w=1 minus w=7
     assert d["val_both"]["values"] == pytest.approx([-0.1, -0.3])
     assert d["heldout_only_one"] is None
+
+
+def test_runs_imported_from_an_earlier_report_are_not_retrained(finished_study, tmp_path):
+    # a study continued on another machine: its runs_dir is gone, the committed report's results.json is not
+    config, _, _ = finished_study
+    report = json.loads((Path(config.out_dir) / "results.json").read_text())
+    fresh = lw.StudyConfig(**{**config.__dict__, "runs_dir": str(tmp_path / "runs"),
+                              "out_dir": str(tmp_path / "report")})
+    half = {**report, "runs": [r for r in report["runs"] if r["seed"] == 0]}
+    (tmp_path / "old.json").write_text(json.dumps(half))
+    assert lw.import_results(fresh, tmp_path / "old.json", log=lambda line: None) == 6
+    assert lw.import_results(fresh, tmp_path / "old.json", log=lambda line: None) == 0  # never over a result
+    lines = []
+    outcome = lw.run_study(fresh, log=lines.append)
+    by_seed = {seed: [r.get("cached", False) for r in outcome["results"] if r["seed"] == seed] for seed in (0, 1)}
+    assert by_seed[0] == [True] * 6 and by_seed[1] == [False] * 6  # only the missing seed was trained
+    assert not list((tmp_path / "runs").rglob("seed0/dalle-metrics.jsonl"))
+    old = {(r["setting"], r["seed"]): r["eval"] for r in report["runs"]}
+    assert all(r["eval"] == old[(r["setting"], r["seed"])] for r in outcome["results"] if r["seed"] == 0)
+
+
+def test_runs_of_other_settings_are_not_imported(finished_study, tmp_path):
+    config, _, _ = finished_study
+    other = lw.StudyConfig(**{**config.__dict__, "runs_dir": str(tmp_path / "runs"), "steps": 5})
+    skipped = []
+    assert lw.import_results(other, Path(config.out_dir) / "results.json", log=skipped.append) == 0
+    assert sum("other settings" in line for line in skipped) == 12
+    with pytest.raises(FileNotFoundError, match="--import_results"):
+        lw.import_results(other, tmp_path / "missing.json")

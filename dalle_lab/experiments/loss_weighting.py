@@ -326,6 +326,41 @@ def collect_cached(config: StudyConfig, log=print) -> list[dict]:
     return results
 
 
+def import_results(config: StudyConfig, results_path: str | Path, log=print) -> int:
+    """Seed runs_dir with the finished runs of an earlier report's results.json (its "runs" list), so a study that
+    continues on another machine, whose runs_dir is gone, trains only what is missing. A run is taken only for a
+    (setting, seed) of this config whose recorded identity (settings, model, schedule, evaluation) matches this
+    config's, and never over a result already in runs_dir; the tokenizers' hashes are checked later, when run_study
+    loads each cached result (a mismatch there is an error, not a silent reuse). Returns how many were written."""
+    from dalle_lab.utils import atomic_write
+
+    path = Path(results_path)
+    if not path.is_file():
+        raise FileNotFoundError(f"--import_results {path}: no such file (give a study's results.json)")
+    runs = json.loads(path.read_text()).get("runs")
+    if not isinstance(runs, list):
+        raise ValueError(f"--import_results {path}: no 'runs' list in it (is it a loss-weighting results.json?)")
+    by_task = {(r.get("setting"), r.get("seed")): r for r in runs}
+    written = 0
+    for setting, seed in config.tasks():
+        run = by_task.get((setting.name, seed))
+        target = run_dir(config, setting, seed) / RESULT_FILE
+        if run is None or target.is_file():
+            continue
+        expected = run_identity(config, setting, seed, {}, {})
+        recorded = {k: v for k, v in run.get("identity", {}).items() if not k.endswith("_sha256")}
+        if _normalise(recorded) != _normalise({k: v for k, v in expected.items() if not k.endswith("_sha256")}):
+            log(f"not importing {setting.label} seed {seed}: {path} ran it with other settings than these flags")
+            continue
+        target.parent.mkdir(parents=True, exist_ok=True)
+        record = {**run, "imported_from": str(path)}
+        record.pop("cached", None)
+        atomic_write(target, lambda tmp: Path(tmp).write_text(json.dumps(record, indent=1)))
+        written += 1
+    log(f"imported {written} finished runs from {path}")
+    return written
+
+
 def run_study(config: StudyConfig, log=print, report_every_s: float = 60.0) -> dict:
     """Run every (setting, seed) not yet cached, `config.workers` at a time. The report is rewritten after a
     finished run when `report_every_s` have passed since the last one (plots take seconds), and at the end.
@@ -423,6 +458,9 @@ def build_parser(quick: bool = False) -> argparse.ArgumentParser:
     run.add_argument("--workers", type=int, default=d.workers, help="runs trained at the same time")
     run.add_argument("--threads", type=int, default=d.threads, help="torch threads per run")
     run.add_argument("--note", default=None, help="a paragraph for the top of the report")
+    run.add_argument("--import_results", default=None, metavar="RESULTS_JSON",
+                     help="first copy the finished runs of an earlier study's results.json into --runs_dir (those "
+                          "made with these settings), so only the missing runs are trained")
     run.add_argument("--report_only", action="store_true",
                      help="do not train: rebuild the report from the finished runs in --runs_dir")
     return p
@@ -446,6 +484,8 @@ def main(argv=None) -> int:
     except ValueError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
+    if args.import_results:
+        import_results(config, args.import_results)
     if args.report_only:
         from .loss_weighting_report import write_report
 
