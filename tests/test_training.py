@@ -203,7 +203,7 @@ def test_resuming_with_other_data_is_refused(tiny_vqgan, tmp_path):
 
 
 def test_unknown_builtin_dataset_is_named():
-    from dalle_lab.training.loop import _builtin
+    from dalle_lab.training.run_setup import builtin_name
 
     with pytest.raises(ValueError, match="'mnist'.*shapes"):
-        _builtin(TrainConfig(dataset="mnist"))
+        builtin_name(TrainConfig(dataset="mnist"))
