@@ -266,12 +266,12 @@ def _write_samples(engine, dist, vae, tokenizer, captions, output_dir: Path, ste
 
 def _save(engine, dist, cfg, output_dir, latest_path, step, model_config, tokenizer, vae, schedule, source,
           nonfinite_total, wandb_run_id, facts) -> Path | None:
-    """Collective: every rank contributes its RNG state (and DeepSpeed shard); rank 0 writes one file."""
+    """Collective: every rank contributes its RNG state (and, under DeepSpeed, writes its own engine files); rank 0
+    writes the checkpoint file, then moves the latest link, then deletes what rotation drops (in that order, each
+    durable before the next: a crash leaves the previous checkpoint whole)."""
     rng = gather_objects(ckpt_io.capture_rng())
-    if engine.kind == "deepspeed":
-        parts = engine.save_to_checkpoint(output_dir)
-    else:
-        parts = {"model": engine.model_state(), **engine.training_state()} if dist.is_main else None
+    step_path = ckpt_io.step_checkpoint_path(output_dir, cfg.dalle_output_file_name, step)
+    parts = engine.checkpoint_parts(step_path)
     path = None
     if dist.is_main:
         checkpoint = ckpt_io.make_checkpoint(
@@ -279,10 +279,9 @@ def _save(engine, dist, cfg, output_dir, latest_path, step, model_config, tokeni
             scheduler=schedule.state_dict(), step=step, epoch=source.epoch, data_position=source.position, rng=rng,
             train_config=_jsonable(cfg.to_dict()), run=facts, wandb_run_id=wandb_run_id,
             nonfinite_skipped=nonfinite_total, engine=engine.kind)
-        step_path = ckpt_io.step_checkpoint_path(output_dir, cfg.dalle_output_file_name, step)
         ckpt_io.save_checkpoint(checkpoint, step_path)
         ckpt_io.link_latest(step_path, latest_path)
-        ckpt_io.rotate_checkpoints(output_dir, cfg.dalle_output_file_name, cfg.keep_n_checkpoints)
+        ckpt_io.rotate_checkpoints(output_dir, cfg.dalle_output_file_name, cfg.keep_n_checkpoints, step)
         path = latest_path
     barrier()
     return path
