@@ -171,10 +171,10 @@ def builtin_name(cfg: TrainConfig) -> str:
 
 
 def make_source(cfg: TrainConfig, dist: DistInfo, batch_size: int, image_size: int, position: dict | None,
-            tokenizer, text_seq_len: int):
-    """The batches to train on; a folder's or the emoji data's captions are checked against text_seq_len here,
-    before step 1 (shards: as they are read), see captions.py."""
-    from .captions import LongCaptionCheck, check_dataset_captions, long_caption_mode
+                tokenizer, text_seq_len: int):
+    """The batches to train on; a folder's, the emoji data's and every caption of the Shapes grammar are checked
+    against text_seq_len here, before step 1 (shards: as they are read), see captions.py."""
+    from .captions import LongCaptionCheck, check_caption_set, check_dataset_captions, long_caption_mode
 
     mode = long_caption_mode(cfg.truncate_captions, cfg.skip_long_captions)
 
@@ -221,6 +221,12 @@ def make_source(cfg: TrainConfig, dist: DistInfo, batch_size: int, image_size: i
             dataset = builtin_dataset("emoji", "train", image_size=image_size)
         dataset = check_dataset_captions(dataset, tokenizer, text_seq_len, mode, say)
         return FolderBatches(dataset, batch_size, cfg.seed, dist.rank, dist.world_size, position, cfg.num_workers)
+    from dalle_lab.data.shapes import all_captions
+
+    from .batches import SHAPES_SPLIT
+
+    # caption noise swaps attributes within the same split, so these are all the captions the stream can produce
+    check_caption_set(all_captions(SHAPES_SPLIT), tokenizer, text_seq_len, mode, "the built-in Shapes data")
     return ShapesStream(batch_size, image_size, cfg.seed, dist.rank, dist.world_size, position, cfg.caption_noise)
 
 
