@@ -152,6 +152,37 @@ def test_wandb_gets_separate_losses_images_and_the_same_run_on_resume(tiny_vqgan
     assert len(samples) == 2 and samples[0][0][0] == "image" and isinstance(samples[0][0][1], str)
 
 
+def test_a_resumed_run_sends_wandb_only_the_steps_it_does_not_hold(tiny_vqgan, tmp_path, monkeypatch):
+    """Killed after logging steps 3-4 past its step-2 checkpoint, a run's wandb history ends at step 4 (wandb's
+    step counter then reads 5); the resume recomputes steps 3-4 and must send only 5 and 6: none twice, none lost."""
+    import json
+    import sys
+    import types
+
+    sent = []
+
+    class Run:
+        id = "run-7"
+
+        def __init__(self, resumed):
+            self.step = 5 if resumed else 0  # what wandb reports for the run it resumes
+
+        def log(self, data, step=None):
+            sent.append(step)
+
+        def finish(self):
+            pass
+
+    monkeypatch.setitem(sys.modules, "wandb", types.SimpleNamespace(init=lambda **kw: Run(kw["id"] is not None)))
+    make = lambda **kw: tiny_config(tiny_vqgan, tmp_path, max_steps=6, wandb_name="shapes", **kw)  # noqa: E731
+    train(make(), TINY_MODEL, stop_at_step=2)
+    assert sent == [1, 2]
+    train(make(resume="latest"), TINY_MODEL)
+    assert sent == [1, 2, 5, 6]
+    logged = [json.loads(line)["step"] for line in (tmp_path / "dalle-metrics.jsonl").read_text().splitlines()]
+    assert logged == [1, 2, 3, 4, 5, 6]  # the local metrics file, cut back at the resume, holds every step once
+
+
 def test_image_text_folder_epochs_and_resume_position(tiny_vqgan, tmp_path):
     from PIL import Image
 
