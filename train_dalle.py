@@ -28,7 +28,8 @@ def main(argv=None) -> int:
     cfg = epochs_end_the_run(cfg, given_flags(argv))
 
     from dalle_lab.training.checkpoint import CheckpointError, read_checkpoint
-    from dalle_lab.training.loop import NonFiniteLossError, resume_path, train
+    from dalle_lab.training.loop import NonFiniteLossError, train
+    from dalle_lab.training.run_setup import resume_path
     from dalle_lab.training.resume import settings_from_checkpoint
 
     try:

@@ -80,3 +80,17 @@ def test_cli_with_deepspeed_resumes_its_engine_state(tiny_checkpoint, tmp_path, 
     # a plain run cannot continue the DeepSpeed state (its optimizer lives in DeepSpeed's files)
     assert main(args[:-len(TINY) - 2] + [*TINY[:1], "3", *TINY[2:]]) == 1
     assert "DeepSpeed" in capsys.readouterr().err
+
+
+def test_cli_names_prompt_words_the_vocabulary_never_saw(tiny_checkpoint, tmp_path, capsys):
+    """Named per prompt, and the run goes on (here to the next check, which stops it cheaply)."""
+    dalle_path, _ = tiny_checkpoint
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("a violet hexagon under the moon\na red circle above a blue square on a black background\n")
+    assert main(["--dalle_path", str(dalle_path), "--prompts", str(prompts), "--out_dir", str(tmp_path / "run"),
+                 "--method", "reward_backprop", "--reward", "jpeg_compressibility", *TINY]) == 1
+    err = capsys.readouterr().err
+    assert ("python -m dalle_lab.align: warning: the text vocabulary does not know these words" in err
+            and "'a violet hexagon under the moon': violet, hexagon, under, moon" in err)
+    assert "a red circle above" not in err.split("differentiable")[0]  # known words: not named
+    assert "differentiable" in err  # the warning did not stop it: the next check did

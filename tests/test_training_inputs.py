@@ -38,6 +38,25 @@ def test_a_long_caption_is_an_error_naming_its_file_before_step_1(tiny_vqgan, tm
     assert not (tmp_path / "run").exists() or not list((tmp_path / "run").iterdir())  # nothing trained
 
 
+def test_a_shapes_caption_longer_than_the_text_context_is_an_error_before_step_1(tiny_vqgan, tmp_path, monkeypatch):
+    """The Shapes stream is endless but its grammar finite: every caption it can draw is checked up front."""
+    from dalle_lab.model import DALLE
+
+    forwards = []
+    original = DALLE.forward
+    monkeypatch.setattr(DALLE, "forward", lambda self, *a, **kw: forwards.append(1) or original(self, *a, **kw))
+    short_context = {**SHAPES_TINY, "text_seq_len": 6}
+    with pytest.raises(ValueError) as err:
+        train(tiny_config(tiny_vqgan, tmp_path / "a", max_steps=1), short_context)
+    message = str(err.value)
+    assert message.startswith("the built-in Shapes data: caption '") and "tokens long but text_seq_len is 6" in message
+    assert "captions are longer): pass --truncate_captions to cut them, or --text_seq_len 12" in message
+    assert "\n" not in message and not forwards  # before step 1
+    with pytest.raises(ValueError, match="--skip_long_captions cannot leave captions out of this stream"):
+        train(tiny_config(tiny_vqgan, tmp_path / "b", max_steps=1, skip_long_captions=True), short_context)
+    assert train(tiny_config(tiny_vqgan, tmp_path / "c", max_steps=1, truncate_captions=True), short_context).step == 1
+
+
 def test_truncate_cuts_and_skip_leaves_out_and_reports(tiny_vqgan, tmp_path, capsys, caplog):
     folder = folder_with(tmp_path / "data", ["a red circle\n", f"a blue square\n{LONG}\n", f"{LONG}\n",
                                              "a green star\n"])

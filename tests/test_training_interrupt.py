@@ -297,4 +297,9 @@ def test_deepspeed_zero2_two_processes_killed_then_resumed_end_like_the_straight
     log = tmp_path / "straight.log"
     straight = finished(torchrun(*args, "--output_dir", tmp_path / "straight", log=log), tmp_path / "straight", log)
     assert straight["deepspeed"]["world_size"] == 2
+    # written per rank: rank 1 wrote its own optimizer partition and nothing else, rank 0 the module and its own
+    rank0, rank1 = ([name for name, _ in files] for files in straight["deepspeed"]["files"])
+    assert [Path(name).name for name in rank1] == ["zero_pp_rank_1_mp_rank_00_optim_states.pt"]
+    assert sorted(Path(name).name for name in rank0) == ["mp_rank_00_model_states.pt",
+                                                         "zero_pp_rank_0_mp_rank_00_optim_states.pt"]
     check_deepspeed_cli_interrupt_resumes_exactly(args, tmp_path, torchrun, lambda: straight, signal.SIGKILL)

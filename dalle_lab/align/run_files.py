@@ -3,17 +3,20 @@
 A mixin of AlignTrainer (trainer.py), which holds the attributes these methods read: the model and its reference,
 the optimiser or DeepSpeed engine, the config, the counters and histories, the KL controller and the RNG state.
     align_state.pt          everything needed to resume (trainable weights, optimiser, RNG, stat tracker, history)
+    align_state-epochNNNNNN.N.deepspeed/   with DeepSpeed: its engine files, named by align_state.pt
     reward_curve.png, eval_curve.png   the curves (plots.py)
     samples_before.png, samples_after.png   one image per evaluation prompt, same seed
     dalle_aligned.pt        the fine-tuned model in the standard checkpoint format (generate.py loads it)
 """
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 import torch
 
 from dalle_lab.align.config import from_dict, to_dict
+from dalle_lab.training.deepspeed_files import ENGINE_DIR_SUFFIX
 
 STATE_FILE = "align_state.pt"
 STATE_FORMAT = "dalle_lab.align_state/1"
@@ -49,9 +52,24 @@ class RunFiles:
             "extra": self.extra_state_dict(),
             "step_size": self.step_size,  # samples per optimizer step, all processes together
         }
-        if self.deepspeed is not None:  # DeepSpeed's own engine files (optimizer partitions), packed as bytes
-            state["deepspeed"] = self.deepspeed.save_to_checkpoint(self.out_dir)["deepspeed"]
-        return atomic_torch_save(state, self.out_dir / STATE_FILE)
+        engine_dir = None
+        if self.deepspeed is not None:  # DeepSpeed's own engine files (optimizer partitions), in a directory
+            engine_dir = self._new_engine_dir()
+            state["deepspeed"] = self.deepspeed.save_engine_files(engine_dir)
+        path = atomic_torch_save(state, self.out_dir / STATE_FILE)
+        if engine_dir is not None:  # the state file now names the new directory: the older ones can go
+            from dalle_lab.training.deepspeed_files import remove_engine_dirs
+
+            remove_engine_dirs(self.out_dir, f"{Path(STATE_FILE).stem}-epoch", keep={engine_dir.name})
+        return path
+
+    def _new_engine_dir(self) -> Path:
+        """A directory name no earlier save used (the state file may be saved twice in one epoch, and the current
+        state file names the older directory until the new state replaces it)."""
+        for n in itertools.count():
+            path = self.out_dir / f"{Path(STATE_FILE).stem}-epoch{self.epoch:06d}.{n}{ENGINE_DIR_SUFFIX}"
+            if not path.exists():
+                return path
 
     def load_state(self, path) -> None:
         from dalle_lab.training.checkpoint import restore_rng

@@ -2,6 +2,8 @@
 
 - Length: a caption with more tokens than text_seq_len is an error naming its file (before step 1), or with
   `--truncate_captions` cut to fit, or with `--skip_long_captions` left out and reported like a corrupt image.
+  The built-in Shapes stream is checked against every caption its grammar can produce (nothing can be left out
+  of it: a too-long caption there is an error unless cut).
 - Unknown words: words the vocabulary does not know (they hold unk pieces - characters it cannot spell - or BPE
   breaks them into single characters, the mark of a word its training captions never used; for the shipped
   vocabularies, exactly the words their captions never used). They are warned about, never fatal: generation
@@ -83,6 +85,25 @@ def check_dataset_captions(dataset, tokenizer, text_seq_len: int, mode: str, say
         if report:
             say(report)
     return dataset
+
+
+def check_caption_set(captions: list[str], tokenizer, text_seq_len: int, mode: str, what: str) -> None:
+    """For an endless stream drawn from a finite set of captions (the built-in Shapes grammar): every caption it
+    can ever produce is checked before step 1. Leaving some out would change the stream itself, so only
+    --truncate_captions or a longer text context fixes a caption that is too long."""
+    from dalle_lab.tokenizers.base import shorten
+
+    if mode == "truncate":
+        return
+    lengths = _token_counter(tokenizer)(captions)
+    long = [i for i, n in enumerate(lengths) if n > text_seq_len]
+    if long:
+        i = max(long, key=lambda j: lengths[j])
+        raise ValueError(f"{what}: caption {shorten(captions[i])} is {lengths[i]} tokens long but text_seq_len is "
+                         f"{text_seq_len} ({len(long)} of its {len(captions)} captions are longer): pass "
+                         f"--truncate_captions to cut them, or --text_seq_len {lengths[i]}"
+                         + (" (--skip_long_captions cannot leave captions out of this stream)" if mode == "skip"
+                            else ""))
 
 
 def _token_counter(tokenizer):

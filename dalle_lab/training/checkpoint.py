@@ -1,15 +1,17 @@
 """The one checkpoint format, for plain and DeepSpeed training, and for generation.
 
-A checkpoint is a single file holding a dict (see docs/interfaces.md):
+A checkpoint is a single file holding a dict (see docs/interfaces.md); a DeepSpeed run's also has a directory of
+DeepSpeed's per-rank engine files beside it (deepspeed_files.py):
 
     format          CHECKPOINT_FORMAT
     config          DALLEConfig as a dict: rebuilds the transformer exactly
     tokenizer       the text tokenizer's identity (kind, path, sha256)
     vae             the image tokenizer's identity (its weights are never copied in)
-    model           the transformer's state dict (float32, consolidated from ZeRO shards)
+    model           the transformer's state dict, float32 (under DeepSpeed its master weights: deepspeed_weights.py)
   training checkpoints add
     optimizer, scheduler, scaler, step, epoch, data_position, rng (one entry per rank),
-    train_config, wandb_run_id, nonfinite_skipped, deepspeed (DeepSpeed's own engine files, see deepspeed_engine.py)
+    train_config, run, wandb_run_id, nonfinite_skipped, engine, deepspeed (the engine directory's name, layout and
+    each rank's files)
 
 It is written atomically (temporary file + rename, dalle_lab.utils.atomic_torch_save) and read with
 `torch.load(weights_only=True)`, which is why every RNG state is stored as tensors and plain lists.
@@ -109,18 +111,27 @@ def link_latest(step_path: Path, latest_path: Path) -> None:
     fsync_path(latest_path.parent)  # durable before rotation may delete the previous step file
 
 
-def rotate_checkpoints(directory: str | os.PathLike, name: str, keep_n: int | None) -> list[Path]:
-    """Delete all but the newest `keep_n` step checkpoints of run `name`; returns the deleted paths."""
-    if not keep_n or keep_n <= 0:
-        return []
+def rotate_checkpoints(directory: str | os.PathLike, name: str, keep_n: int | None,
+                       current_step: int | None = None) -> list[Path]:
+    """Delete all but the newest `keep_n` step checkpoints of run `name`, each with its DeepSpeed engine directory,
+    and engine directories no step file names (left by an interrupted save). Call it only once the newest
+    checkpoint and the latest link are durable. `current_step`, the step just saved, is always kept: step files
+    after it (written before a resume from an older checkpoint) are neither counted nor deleted.
+    Returns the deleted paths."""
+    from .deepspeed_files import engine_dir_of, remove_engine_dirs
+
     pattern = re.compile(rf"^{re.escape(name)}-step(\d+)\.pt$")
     found = sorted(
         (int(m.group(1)), p) for p in Path(directory).glob(f"{name}-step*.pt") if (m := pattern.match(p.name))
     )
-    doomed = [p for _, p in found[:-keep_n]]
+    doomed = []
+    if keep_n and keep_n > 0:
+        counted = [p for step, p in found if current_step is None or step <= current_step]
+        doomed = counted[:-keep_n]
     for p in doomed:
-        p.unlink(missing_ok=True)
-    return doomed
+        p.unlink(missing_ok=True)  # the file first: an engine directory without its file is never resumed from
+    named = {engine_dir_of(p).name for _, p in found if p not in doomed}
+    return doomed + remove_engine_dirs(directory, f"{name}-step", keep=named)
 
 
 # ---------------------------------------------------------------- reading

@@ -8,28 +8,28 @@
 - One-off compile costs are avoided: we pass our own torch optimizer (or fill "torch_adam": true into a user's
   Adam/AdamW section), so no FusedAdam/CPUAdam is built, and on the CPU the shared-memory allreduce op is switched
   off (gloo does the few small allreduces a CPU run needs; set DALLE_LAB_DS_SHM=1 to let DeepSpeed build it).
-- Checkpoints: DeepSpeed writes its own engine files (ZeRO shards, optimizer partitions, loss scaler); we fold them,
-  as raw bytes, into the one dalle_lab checkpoint file next to consolidated float32 weights, so there is still one
-  atomic file and generate.py reads the weights without DeepSpeed. A resume unpacks the bytes to a private temp
-  directory and lets DeepSpeed load them. Only DeepSpeed resumes unpickle those inner files (DeepSpeed's own loader
-  does not use weights_only): resume only from checkpoints you wrote.
+- Checkpoints: each rank writes its own DeepSpeed engine files (ZeRO partitions, optimizer, loss scaler) into a
+  directory beside the dalle_lab checkpoint file, which holds the float32 weights generate.py reads without
+  DeepSpeed (deepspeed_files.py: layout and durability; deepspeed_weights.py: which float32 weights). Only DeepSpeed
+  resumes unpickle the engine files (DeepSpeed's own loader does not use weights_only): resume only from
+  checkpoints you wrote.
 """
 from __future__ import annotations
 
 import json
 import math
 import os
-import shutil
-import tempfile
 from pathlib import Path
 
 import torch
 
-from .checkpoint import CheckpointError, model_state_without_vae
-from .distributed import DistInfo, barrier, broadcast_object, set_single_process_env
+from .checkpoint import CheckpointError
+from .deepspeed_files import (DS_TAG, check_checkpoint_engine, check_layout, engine_dir_of, engine_files_dir,
+                              write_engine_files)
+from .deepspeed_weights import float32_weights
+from .distributed import DistInfo, set_single_process_env
 from .precision import Precision
 
-DS_TAG = "dalle_lab"
 PRECISION_KEYS = ("fp16", "bf16", "torch_autocast", "amp")
 
 
@@ -123,6 +123,7 @@ class DeepSpeedEngine:
         self.micro_batch_size = self.engine.train_micro_batch_size_per_gpu()
         self.zero_stage = self.engine.zero_optimization_stage()
         self.scaler = None
+        check_checkpoint_engine(self.engine)
 
     @property
     def lr_optimizer(self):
@@ -152,67 +153,30 @@ class DeepSpeedEngine:
         overflow = bool(getattr(self.engine.optimizer, "overflow", False))
         return norm, not overflow
 
-    # -- checkpoint state -------------------------------------------------------------------------------------
-    def model_state(self, ds_dir=None) -> dict:
-        """float32 weights for the checkpoint. Where the module itself is float32 (CPU autocast, fp32 runs) they
-        are its parameters. Under DeepSpeed bf16/fp16 (CUDA) the module holds rounded copies and the float32
-        master weights live in the optimizer's partitions: ZeRO 1-3 consolidate those from the saved engine files;
-        ZeRO 0 has no such files, so its weights are the bf16/fp16 module's, widened (docs/training.md)."""
-        low_precision = any(p.dtype != torch.float32 for p in self.module.parameters())
-        if self.zero_stage < 3 and not (low_precision and self.zero_stage > 0 and ds_dir is not None):
-            return {k: v.detach().float().cpu() for k, v in model_state_without_vae(self.module).items()}
-        from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+    # -- checkpoint state (deepspeed_files.py: the layout on disk; deepspeed_weights.py: what "model" holds) -------
+    def checkpoint_parts(self, checkpoint_path) -> dict | None:
+        """Collective: every rank writes its own engine files into the directory beside `checkpoint_path`; rank 0
+        gets {"model": float32 weights, "deepspeed": what the checkpoint records of the engine files}."""
+        meta = self.save_engine_files(engine_dir_of(checkpoint_path))
+        weights = float32_weights(self.engine, self.module, keep=self.dist.is_main)
+        return {"model": weights, "deepspeed": meta} if self.dist.is_main else None
 
-        if ds_dir is None:
-            raise ValueError("ZeRO-3 weights are consolidated from a saved DeepSpeed checkpoint directory")
-        state = get_fp32_state_dict_from_zero_checkpoint(ds_dir, tag=DS_TAG)
-        return {k: v.float() for k, v in state.items() if not k.startswith("vae.")}
-
-    def save_to_checkpoint(self, output_dir) -> dict | None:
-        """Collective: every rank writes its shard; rank 0 returns {"model", "deepspeed"} for the checkpoint."""
-        workdir = None
-        if self.dist.is_main:
-            Path(output_dir).mkdir(parents=True, exist_ok=True)
-            workdir = tempfile.mkdtemp(prefix=".deepspeed-", dir=output_dir)
-        workdir = broadcast_object(workdir)  # one shared directory (same file system for every rank)
-        self.engine.save_checkpoint(workdir, tag=DS_TAG, client_state={}, save_latest=False)
-        barrier()
-        result = None
-        if self.dist.is_main:
-            files = {}
-            for file in sorted(Path(workdir).rglob("*")):
-                if file.is_file():
-                    data = file.read_bytes()
-                    files[str(file.relative_to(workdir))] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
-            result = {
-                "model": self.model_state(workdir),
-                "deepspeed": {"files": files, "world_size": self.dist.world_size, "zero_stage": self.zero_stage},
-            }
-        barrier()
-        if self.dist.is_main:
-            shutil.rmtree(workdir, ignore_errors=True)
-        return result
+    def save_engine_files(self, directory) -> dict:
+        """Collective: DeepSpeed's engine files, each rank its own, durably into `directory`; returns the record
+        the checkpoint stores (its "dir" is relative to the checkpoint file's folder)."""
+        return write_engine_files(self.engine, self.dist, Path(directory), self.zero_stage)
 
     def load_training_state(self, ckpt: dict, path="checkpoint") -> None:
-        packed = ckpt.get("deepspeed")
-        if not packed:
+        """Every rank hands DeepSpeed the checkpoint's engine directory; DeepSpeed reads that rank's partition."""
+        meta = ckpt.get("deepspeed")
+        if not meta:
             raise CheckpointError(f"{path} was written by a plain PyTorch run and holds no DeepSpeed engine state; "
                                   f"resume it without --deepspeed, or pass it as --dalle_path to start a new "
                                   f"DeepSpeed run from its weights")
-        if packed["world_size"] != self.dist.world_size or packed["zero_stage"] != self.zero_stage:
-            raise CheckpointError(
-                f"{path} was written by {packed['world_size']} process(es) at ZeRO stage {packed['zero_stage']}; "
-                f"this run has {self.dist.world_size} at stage {self.zero_stage}. Resume with the same layout, or "
-                f"start a new run from its weights with --dalle_path")
-        workdir = tempfile.mkdtemp(prefix=f".deepspeed-load-rank{self.dist.rank}-")
-        try:
-            for name, data in packed["files"].items():
-                target = Path(workdir) / name
-                target.parent.mkdir(parents=True, exist_ok=True)
-                target.write_bytes(data.numpy().tobytes())
-            load_path, _ = self.engine.load_checkpoint(workdir, tag=DS_TAG, load_optimizer_states=True,
+        check_layout(meta, self.dist, self.zero_stage, path)
+        with engine_files_dir(meta, path, self.dist.rank) as directory:
+            load_path, _ = self.engine.load_checkpoint(str(directory), tag=meta.get("tag", DS_TAG),
+                                                       load_optimizer_states=True,
                                                        load_lr_scheduler_states=self.user_scheduler)
-            if load_path is None:
-                raise CheckpointError(f"DeepSpeed could not load the engine state stored in {path}")
-        finally:
-            shutil.rmtree(workdir, ignore_errors=True)
+        if load_path is None:
+            raise CheckpointError(f"DeepSpeed could not load the engine state of {path} from {directory}")

@@ -41,6 +41,7 @@ class PlainEngine:
         else:
             self.model = model
         self._ddp = dist.distributed
+        self._is_main = dist.is_main
 
     @property
     def lr_optimizer(self):
@@ -85,11 +86,12 @@ class PlainEngine:
         return norm, applied
 
     # -- checkpoint state -------------------------------------------------------------------------------------
-    def model_state(self) -> dict:
-        return model_state_without_vae(self.module)
-
-    def training_state(self, step_dir=None) -> dict:
-        return {"optimizer": self.optimizer.state_dict(),
+    def checkpoint_parts(self, checkpoint_path=None) -> dict | None:
+        """What rank 0 puts in the checkpoint: the float32 weights (autocast never rounds them), the optimizer
+        and loss scaler. Every rank holds the same, so the others contribute nothing."""
+        if not self._is_main:
+            return None
+        return {"model": model_state_without_vae(self.module), "optimizer": self.optimizer.state_dict(),
                 "scaler": self.scaler.state_dict() if self.scaler else None}
 
     def load_training_state(self, ckpt: dict, path="checkpoint") -> None:

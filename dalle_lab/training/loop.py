@@ -18,16 +18,14 @@ from pathlib import Path
 import torch
 
 from . import checkpoint as ckpt_io
-from .batches import FolderBatches, ShapesStream, WebDatasetBatches
+from . import run_setup as setup
+from .batches import ShapesStream
 from .config import TrainConfig
-from .distributed import DistInfo, all_reduce_mean, any_rank, barrier, env_dist_info, gather_objects
+from .distributed import all_reduce_mean, any_rank, barrier, env_dist_info, gather_objects
 from .precision import resolve_precision
+from .resume import check_resume_settings, run_facts
 from .schedule import LRSchedule
-from .resume import changed_settings, check_resume_settings, run_facts
 from .seeding import seed_micro_batch
-
-SAMPLE_GRID_SIZE = 8
-FLOPS_PROFILE_STEP = 200  # DALLE-pytorch's: late enough that start-up costs are out of the timings
 
 
 class NonFiniteLossError(RuntimeError):
@@ -53,23 +51,24 @@ def train(cfg: TrainConfig, model_overrides: dict | None = None, *, tokenizer=No
     the resume tests use it.
     """
     dist = env_dist_info()
-    device = _device(cfg, dist)
+    device = setup.run_device(cfg, dist)
 
-    resume_path, resume_ckpt = _resume_checkpoint(cfg, model_overrides or {})
+    resume_path, resume_ckpt = setup.resume_checkpoint(cfg, model_overrides or {})
     init_ckpt = resume_ckpt or (ckpt_io.read_checkpoint(cfg.dalle_path) if cfg.dalle_path else None)
     if tokenizer is None:
         tokenizer = (ckpt_io.tokenizer_from_identity(init_ckpt["tokenizer"], cfg.dalle_path or resume_path)
-                     if init_ckpt and cfg.bpe_path is None else _tokenizer(cfg))
+                     if init_ckpt and cfg.bpe_path is None else setup.tokenizer_from_flags(cfg))
     if vae is None:
         vae = (ckpt_io.vae_from_identity(init_ckpt["vae"], cfg.dalle_path or resume_path)
-               if init_ckpt and cfg.vqgan_model_path is None else _vae(cfg))
+               if init_ckpt and cfg.vqgan_model_path is None else setup.vae_from_flags(cfg))
     vae = vae.to(device).eval()
-    _check_token_vae(cfg, vae)
+    setup.check_token_vae(cfg, vae)
     if init_ckpt:
         ckpt_io.check_identities(init_ckpt, tokenizer.identity, vae.identity, resume_path or cfg.dalle_path)
 
     torch.manual_seed(cfg.seed)  # the same initial weights on every rank
-    model_config = _model_config(model_overrides or {}, tokenizer, vae, init_ckpt, _dataset_model_defaults(cfg))
+    model_config = setup.build_model_config(model_overrides or {}, tokenizer, vae, init_ckpt,
+                                            setup.dataset_model_defaults(cfg))
     model = ckpt_io.build_model(model_config).to(device)
     model.transformer.gradient_checkpointing = cfg.gradient_checkpointing  # changes memory and time, not numbers
     if init_ckpt:
@@ -79,13 +78,14 @@ def train(cfg: TrainConfig, model_overrides: dict | None = None, *, tokenizer=No
 
     optimizer = make_optimizer(model, cfg.learning_rate, cfg.weight_decay)
     precision = resolve_precision(cfg.amp, device, cfg.amp_dtype)
-    engine = _engine(cfg, model, optimizer, precision, dist)
+    engine = setup.make_engine(cfg, model, optimizer, precision, dist)
     ga_steps, micro_batch = engine.ga_steps, engine.micro_batch_size
 
-    source = _source(cfg, dist, micro_batch, vae.image_size, resume_ckpt["data_position"] if resume_ckpt else None,
-                     tokenizer, model.config.text_seq_len)
-    _check_budget(cfg, source)
-    total_steps = _total_steps(cfg, source, ga_steps)
+    source = setup.make_source(cfg, dist, micro_batch, vae.image_size,
+                               resume_ckpt["data_position"] if resume_ckpt else None, tokenizer,
+                               model.config.text_seq_len)
+    setup.check_budget(cfg, source)
+    total_steps = setup.lr_horizon(cfg, source, ga_steps)
     schedule = LRSchedule(cfg.learning_rate, cfg.warmup_steps, total_steps, cfg.lr_decay, cfg.min_lr_ratio,
                           cfg.plateau_factor, cfg.plateau_patience)
 
@@ -107,11 +107,11 @@ def train(cfg: TrainConfig, model_overrides: dict | None = None, *, tokenizer=No
                        metrics_path=Path(cfg.output_dir) / f"{cfg.dalle_output_file_name}-metrics.jsonl")
     output_dir = Path(cfg.output_dir)
     latest_path = output_dir / f"{cfg.dalle_output_file_name}.pt"
-    logger.message(_summary(cfg, model, precision, engine, dist, micro_batch, ga_steps, latest_path))
+    logger.message(setup.run_summary(cfg, model, precision, engine, dist, micro_batch, ga_steps, latest_path))
     if resume_ckpt:
         logger.cut_metrics_back(step)
         logger.message(f"resumed {resume_path} at step {step}")
-    sample_captions = _sample_captions(cfg)
+    sample_captions = setup.grid_captions(cfg)
     tokens_per_sample = model.config.text_seq_len + model.config.image_seq_len
     samples_per_step = micro_batch * ga_steps * dist.world_size
 
@@ -218,231 +218,7 @@ def train(cfg: TrainConfig, model_overrides: dict | None = None, *, tokenizer=No
                        history)
 
 
-# ------------------------------------------------------------------------------------------------ set-up helpers
-
-def _summary(cfg, model, precision, engine, dist, micro_batch, ga_steps, latest_path) -> str:
-    params = sum(p.numel() for p in model.parameters())
-    data = cfg.image_text_folder or ("built-in Shapes (fresh batches)" if cfg.dataset == "shapes"
-                                      else f"built-in {cfg.dataset}")
-    if cfg.caption_noise:
-        data += f", caption noise {cfg.caption_noise:g}"
-    budget = ", ".join(f"{name} {value}" for name, value in (("max_steps", cfg.max_steps),
-                                                              ("max_minutes", cfg.max_minutes),
-                                                              ("epochs", cfg.epochs)) if value is not None)
-    dtype = precision.dtype or "float32"
-    if cfg.amp and precision.dtype is None:  # --amp asked for, but this CPU has no native bfloat16 (precision.py)
-        dtype += " (no native bfloat16 on this CPU; --amp_dtype bf16 forces it, slowly)"
-    return (f"DALLE {params / 1e6:.2f}M parameters | data: {data} | {engine.kind} on {precision.device_type}, "
-            f"{dtype}, {dist.world_size} process(es) | batch {micro_batch} x {ga_steps} "
-            f"x {dist.world_size} | {budget} | checkpoints: {latest_path}")
-
-
-def _device(cfg: TrainConfig, dist: DistInfo):
-    from dalle_lab.utils import pick_device
-
-    device = pick_device(cfg.device)
-    if device.type == "cuda" and dist.distributed:
-        device = torch.device("cuda", dist.local_rank)
-        torch.cuda.set_device(device)
-    if not cfg.deepspeed:
-        from .distributed import init_process_group
-
-        init_process_group(dist, device)
-    return device
-
-
-def _tokenizer(cfg: TrainConfig):
-    from dalle_lab.tokenizers import get_tokenizer
-
-    return get_tokenizer(cfg.bpe_path, dataset=_builtin(cfg))
-
-
-def _token_dir(cfg: TrainConfig) -> bool:
-    """--image_text_folder names pre-tokenized data (a directory with the index pretokenize writes)."""
-    from dalle_lab.data.tokens import is_token_dir
-
-    return bool(cfg.image_text_folder) and not cfg.wds and is_token_dir(cfg.image_text_folder)
-
-
-def _check_token_vae(cfg: TrainConfig, vae) -> None:
-    """Pre-tokenized codes mean something only to the VQGAN that made them (it still decodes the sample grids)."""
-    if _token_dir(cfg):
-        from dalle_lab.data.tokens import check_vae, read_index
-
-        check_vae(read_index(cfg.image_text_folder), vae.identity, cfg.image_text_folder)
-
-
-def _vae(cfg: TrainConfig):
-    if (cfg.vqgan_model_path is None) != (cfg.vqgan_config_path is None):
-        raise ValueError("give both --vqgan_model_path (.ckpt) and --vqgan_config_path (.yaml), or neither for the "
-                         f"default image tokenizer of --dataset {cfg.dataset}")
-    if cfg.vqgan_model_path is None and _token_dir(cfg):  # the VQGAN the tokens were made with, as recorded
-        from dalle_lab.data.tokens import read_index
-
-        return ckpt_io.vae_from_identity(read_index(cfg.image_text_folder)["vae"], cfg.image_text_folder)
-    if cfg.vqgan_model_path:
-        from dalle_lab.vae import VQGanVAE
-
-        return VQGanVAE(cfg.vqgan_model_path, cfg.vqgan_config_path)
-    from dalle_lab.vae import default_vae
-
-    return default_vae(dataset=_builtin(cfg))
-
-
-def _dataset_model_defaults(cfg: TrainConfig) -> dict:
-    """Model fields the built-in dataset brings (e.g. emoji's longer text context); none for the user's data."""
-    from dalle_lab.data.builtin import MODEL_DEFAULTS
-
-    return {} if cfg.image_text_folder else dict(MODEL_DEFAULTS[_builtin(cfg)])
-
-
-def _model_config(overrides: dict, tokenizer, vae, init_ckpt, dataset_defaults: dict) -> dict:
-    from dalle_lab.model import DALLEConfig
-    from dalle_lab.tokenizers import check_vocab_fits
-
-    if init_ckpt:
-        config = dict(init_ckpt["config"])  # a continued run keeps the model it was trained as
-    else:
-        fields = {**dataset_defaults, **overrides}
-        fields.setdefault("num_text_tokens", tokenizer.vocab_size)
-        fields["num_image_tokens"], fields["image_fmap_size"] = vae.num_tokens, vae.fmap_size
-        config = DALLEConfig(**fields).to_dict()
-    check_vocab_fits(tokenizer, config["num_text_tokens"])
-    if (config["num_image_tokens"], config["image_fmap_size"]) != (vae.num_tokens, vae.fmap_size):
-        raise ckpt_io.CheckpointError(
-            f"the model expects {config['num_image_tokens']} image tokens on a {config['image_fmap_size']}^2 grid, "
-            f"the image tokenizer gives {vae.num_tokens} on {vae.fmap_size}^2")
-    return config
-
-
-def _resume_checkpoint(cfg: TrainConfig, model_overrides: dict):
-    """(path, checkpoint) to continue exactly, or (None, None). --dalle_path of a training checkpoint resumes too,
-    unless the settings differ from its run's: then a new run starts from its weights (--resume would refuse)."""
-    path = resume_path(cfg)
-    if path is None and cfg.dalle_path:
-        candidate = ckpt_io.read_checkpoint(cfg.dalle_path)
-        if not ckpt_io.is_training_checkpoint(candidate):
-            return None, None
-        changed = changed_settings(candidate, cfg, model_overrides, facts=None)
-        if changed and env_dist_info().is_main:
-            print(f"{cfg.dalle_path}: a new run starts from its weights, because these settings differ from its run: "
-                  f"{'; '.join(changed)} (--resume continues it exactly instead)", file=sys.stderr)
-        return (None, None) if changed else (cfg.dalle_path, candidate)
-    if path is None:
-        return None, None
-    ckpt = ckpt_io.read_checkpoint(path)
-    if not ckpt_io.is_training_checkpoint(ckpt):
-        raise ckpt_io.CheckpointError(f"{path} holds weights only (no optimizer state, step, ...), so it cannot be "
-                                      f"resumed exactly; pass it as --dalle_path to start a new run from it")
-    return path, ckpt
-
-
-def resume_path(cfg: TrainConfig) -> str | None:
-    """The checkpoint --resume names (bare --resume: <output_dir>/<name>.pt), or None."""
-    if cfg.resume == "latest":
-        return str(Path(cfg.output_dir) / f"{cfg.dalle_output_file_name}.pt")
-    return cfg.resume
-
-
-def _engine(cfg: TrainConfig, model, optimizer, precision, dist: DistInfo):
-    if cfg.flops_profiler and not cfg.deepspeed:
-        raise ValueError("--flops_profiler is DeepSpeed's flops profiler: add --deepspeed (or --distributed_backend "
-                         "deepspeed)")
-    if cfg.deepspeed:
-        from .deepspeed_engine import DeepSpeedEngine, build_deepspeed_config, read_user_config
-
-        # profiled: the run's last step when it has a step budget (DALLE-pytorch profiled step 200, then exited)
-        profile_step = (max(cfg.max_steps - 1, 0) if cfg.max_steps else FLOPS_PROFILE_STEP) if cfg.flops_profiler \
-            else None
-        ds_config = build_deepspeed_config(read_user_config(cfg.deepspeed_config), batch_size=cfg.batch_size,
-                                           ga_steps=cfg.ga_steps, world_size=dist.world_size,
-                                           clip_grad_norm=cfg.clip_grad_norm, precision=precision,
-                                           zero_stage=cfg.zero_stage, flops_profile_step=profile_step)
-        return DeepSpeedEngine(model, optimizer, precision, dist, ds_config)
-    from .engine import PlainEngine
-
-    return PlainEngine(model, optimizer, precision, dist, cfg.clip_grad_norm, cfg.ga_steps, cfg.batch_size)
-
-
-def _builtin(cfg: TrainConfig) -> str:
-    """The built-in dataset whose vocabulary and image tokenizer are the defaults (checked, even for user data)."""
-    from dalle_lab.data.builtin import check_builtin
-
-    return check_builtin(cfg.dataset)
-
-
-def _source(cfg: TrainConfig, dist: DistInfo, batch_size: int, image_size: int, position: dict | None,
-            tokenizer, text_seq_len: int):
-    """The batches to train on; a folder's or the emoji data's captions are checked against text_seq_len here,
-    before step 1 (shards: as they are read), see captions.py."""
-    from .captions import LongCaptionCheck, check_dataset_captions, long_caption_mode
-
-    mode = long_caption_mode(cfg.truncate_captions, cfg.skip_long_captions)
-
-    def say(message: str) -> None:
-        if dist.is_main:
-            print(message, file=sys.stderr)
-
-    if position and position.get("kind") != _source_kind(cfg):
-        kinds = {"shapes": "the built-in Shapes stream", "folder": "an image-text folder or the built-in emoji data",
-                 "webdataset": "WebDataset shards", "tokens": "pre-tokenized data"}
-        raise ckpt_io.CheckpointError(
-            f"the checkpoint was reading {kinds.get(position.get('kind'), position.get('kind'))}, this run reads "
-            f"{kinds[_source_kind(cfg)]}: resume with the data flags of the original run "
-            "(--dataset / --image_text_folder / --wds)")
-    if cfg.random_resize_crop_lower_ratio != 1.0 and not (cfg.image_text_folder and not cfg.wds):
-        raise ValueError(f"--random_resize_crop_lower_ratio {cfg.random_resize_crop_lower_ratio} applies to image-text "
-                         "folders (--image_text_folder without --wds); the built-in data and shards are centre-cropped")
-    if cfg.caption_noise and (cfg.image_text_folder or _builtin(cfg) != "shapes"):
-        raise ValueError(f"--caption_noise {cfg.caption_noise} applies to the built-in shapes data only (it needs "
-                         "the Shapes caption grammar), not to --dataset emoji, an --image_text_folder or --wds shards")
-    if cfg.wds:
-        # DALLE-pytorch's --wds names the image and caption members ("jpg,txt"); dalle_lab.data finds an image
-        # member of any known extension and the txt member by itself, so the value only switches shards on.
-        if not cfg.image_text_folder:
-            raise ValueError("--wds reads WebDataset shards: give their path(s) or brace pattern as "
-                             "--image_text_folder, e.g. --image_text_folder 'shards/data-{000..009}.tar' --wds jpg,txt")
-        return WebDatasetBatches(cfg.image_text_folder, batch_size, image_size, cfg.seed, position, cfg.num_workers,
-                                 long_captions=LongCaptionCheck(tokenizer, text_seq_len, mode), rank=dist.rank)
-    if _token_dir(cfg):
-        from dalle_lab.data.tokens import TokenShards
-
-        dataset = check_dataset_captions(TokenShards(cfg.image_text_folder), tokenizer, text_seq_len, mode, say)
-        return FolderBatches(dataset, batch_size, cfg.seed, dist.rank, dist.world_size, position, cfg.num_workers,
-                             kind="tokens")
-    if cfg.image_text_folder or _builtin(cfg) == "emoji":
-        if cfg.image_text_folder:
-            from dalle_lab.data import TextImageFolder
-
-            dataset = TextImageFolder(cfg.image_text_folder, image_size=image_size,
-                                      crop_lower_ratio=cfg.random_resize_crop_lower_ratio)
-        else:
-            from dalle_lab.data.builtin import builtin_dataset
-
-            dataset = builtin_dataset("emoji", "train", image_size=image_size)
-        dataset = check_dataset_captions(dataset, tokenizer, text_seq_len, mode, say)
-        return FolderBatches(dataset, batch_size, cfg.seed, dist.rank, dist.world_size, position, cfg.num_workers)
-    return ShapesStream(batch_size, image_size, cfg.seed, dist.rank, dist.world_size, position, cfg.caption_noise)
-
-
-def _source_kind(cfg: TrainConfig) -> str:
-    """What kind of position a source of these settings records (see batches.py)."""
-    if cfg.wds:
-        return "webdataset"
-    if _token_dir(cfg):
-        return "tokens"
-    return "folder" if cfg.image_text_folder or cfg.dataset != "shapes" else "shapes"
-
-
-def _total_steps(cfg: TrainConfig, source, ga_steps: int) -> int | None:
-    """The LR decay horizon: max_steps, else epochs x steps per epoch when known (else: no decay)."""
-    if cfg.max_steps:
-        return cfg.max_steps
-    per_epoch = getattr(source, "batches_per_epoch", None)
-    if cfg.epochs and per_epoch:
-        return cfg.epochs * per_epoch // max(1, ga_steps)  # the engine's: a DeepSpeed config may set its own
-    return None
-
+# ------------------------------------------------------------------------------------------------ the budget
 
 def _budget_exhausted(cfg: TrainConfig, step: int, source, run_start: float) -> str | None:
     if cfg.max_steps is not None and step >= cfg.max_steps:
@@ -454,12 +230,6 @@ def _budget_exhausted(cfg: TrainConfig, step: int, source, run_start: float) -> 
     return None
 
 
-def _check_budget(cfg: TrainConfig, source) -> None:
-    if cfg.max_steps is None and cfg.max_minutes is None and (cfg.epochs is None or isinstance(source, ShapesStream)):
-        raise ValueError("no end to training: give --max_steps or --max_minutes (the built-in Shapes data is an "
-                         "endless stream, so --epochs does not apply to it)")
-
-
 def _time_left(cfg: TrainConfig, step: int, run_start: float, steps_this_run: int) -> float | None:
     elapsed = time.monotonic() - run_start
     left = []
@@ -468,16 +238,6 @@ def _time_left(cfg: TrainConfig, step: int, run_start: float, steps_this_run: in
     if cfg.max_minutes is not None:
         left.append(60 * cfg.max_minutes - elapsed)
     return max(0.0, min(left)) if left else None
-
-
-def _sample_captions(cfg: TrainConfig) -> list[str]:
-    if cfg.sample_captions:
-        return list(cfg.sample_captions)
-    if cfg.image_text_folder:
-        return []  # no known captions for a user's data: give --sample_captions to get grids
-    from dalle_lab.data.builtin import builtin_captions
-
-    return builtin_captions(_builtin(cfg), SAMPLE_GRID_SIZE)
 
 
 # ------------------------------------------------------------------------------------------------ periodic work
@@ -506,12 +266,12 @@ def _write_samples(engine, dist, vae, tokenizer, captions, output_dir: Path, ste
 
 def _save(engine, dist, cfg, output_dir, latest_path, step, model_config, tokenizer, vae, schedule, source,
           nonfinite_total, wandb_run_id, facts) -> Path | None:
-    """Collective: every rank contributes its RNG state (and DeepSpeed shard); rank 0 writes one file."""
+    """Collective: every rank contributes its RNG state (and, under DeepSpeed, writes its own engine files); rank 0
+    writes the checkpoint file, then moves the latest link, then deletes what rotation drops (in that order, each
+    durable before the next: a crash leaves the previous checkpoint whole)."""
     rng = gather_objects(ckpt_io.capture_rng())
-    if engine.kind == "deepspeed":
-        parts = engine.save_to_checkpoint(output_dir)
-    else:
-        parts = {"model": engine.model_state(), **engine.training_state()} if dist.is_main else None
+    step_path = ckpt_io.step_checkpoint_path(output_dir, cfg.dalle_output_file_name, step)
+    parts = engine.checkpoint_parts(step_path)
     path = None
     if dist.is_main:
         checkpoint = ckpt_io.make_checkpoint(
@@ -519,10 +279,9 @@ def _save(engine, dist, cfg, output_dir, latest_path, step, model_config, tokeni
             scheduler=schedule.state_dict(), step=step, epoch=source.epoch, data_position=source.position, rng=rng,
             train_config=_jsonable(cfg.to_dict()), run=facts, wandb_run_id=wandb_run_id,
             nonfinite_skipped=nonfinite_total, engine=engine.kind)
-        step_path = ckpt_io.step_checkpoint_path(output_dir, cfg.dalle_output_file_name, step)
         ckpt_io.save_checkpoint(checkpoint, step_path)
         ckpt_io.link_latest(step_path, latest_path)
-        ckpt_io.rotate_checkpoints(output_dir, cfg.dalle_output_file_name, cfg.keep_n_checkpoints)
+        ckpt_io.rotate_checkpoints(output_dir, cfg.dalle_output_file_name, cfg.keep_n_checkpoints, step)
         path = latest_path
     barrier()
     return path
