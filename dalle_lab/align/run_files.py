@@ -22,10 +22,15 @@ STATE_FORMAT = "dalle_lab.align_state/1"
 class RunFiles:
     """save_state / load_state (exact resume), save_grid, plot_curve, merged_model and export."""
 
-    def save_state(self) -> Path:
+    def save_state(self) -> Path | None:
+        """Every process calls it (under DeepSpeed each writes its engine shard); process 0 writes the file."""
         from dalle_lab.training.checkpoint import capture_rng
         from dalle_lab.utils import atomic_torch_save
 
+        # DeepSpeed's own engine files (optimizer partitions of every process), packed as bytes by process 0
+        packed = self.deepspeed.save_to_checkpoint(self.out_dir) if self.deepspeed is not None else None
+        if not self.processes.is_main:
+            return None
         if self.lora_modules:
             from dalle_lab.align.lora import lora_state_dict
 
@@ -49,8 +54,8 @@ class RunFiles:
             "extra": self.extra_state_dict(),
             "step_size": self.step_size,  # samples per optimizer step, all processes together
         }
-        if self.deepspeed is not None:  # DeepSpeed's own engine files (optimizer partitions), packed as bytes
-            state["deepspeed"] = self.deepspeed.save_to_checkpoint(self.out_dir)["deepspeed"]
+        if packed is not None:
+            state["deepspeed"] = packed["deepspeed"]
         return atomic_torch_save(state, self.out_dir / STATE_FILE)
 
     def load_state(self, path) -> None:

@@ -403,14 +403,17 @@ class AlignTrainer(RunFiles):
             self.history.append(log)
             if main:
                 self._write_log(log)
-                self.save_state()
+            self.save_state()  # every process: a collective under DeepSpeed
+            if main:
                 self.plot_curve()
         self.log_fn(f"[align] stopped: {reason}")
         self.reward_worker.close()
-        if main:
-            if self.evaluator.active and self.eval_history[-1]["epochs_done"] != self.epoch:
+        final_eval = main and self.evaluator.active and self.eval_history[-1]["epochs_done"] != self.epoch
+        if self.processes.any(final_eval):
+            if main:
                 self.evaluate_now()
-                self.save_state()
+            self.save_state()
+        if main:
             self.save_grid(self.out_dir / "samples_after.png")
             self.export(self.out_dir / "dalle_aligned.pt")
             if self.evaluator.active:
