@@ -44,6 +44,7 @@ def make_optimizer(parameters, config: AlignConfig):
 
 class AlignTrainer(RunFiles):
     needs_reference = False  # subclasses whose loss has a KL term to the starting model set this
+    several_processes = True  # False: the method's epoch is not split across processes (refused under torchrun)
 
     def __init__(self, dalle, tokenizer, config: AlignConfig, prompts: Sequence[str], out_dir,
                  *, reward: Callable | None = None, eval_prompts: Sequence[str] | None = None,
@@ -68,6 +69,9 @@ class AlignTrainer(RunFiles):
         self.out_dir = Path(out_dir)
         self.device = next(p for p in dalle.parameters()).device
         self.processes = Processes(self.device)
+        if self.processes.distributed and not self.several_processes:
+            raise ValueError(f"--method {config.method} runs in one process only ({self.processes.world_size} were "
+                             f"started): launch it without torchrun / the deepspeed launcher")
         if self.processes.is_main:
             self.out_dir.mkdir(parents=True, exist_ok=True)
         self.log_fn = log_fn if self.processes.is_main else (lambda _: None)
