@@ -93,10 +93,12 @@ def test_two_deepspeed_processes_with_half_the_batch_equal_one_plain_process(tmp
 
 
 @SLOW
-def test_two_deepspeed_processes_resume_to_the_weights_of_the_straight_plain_run(tmp_path, tmp_path_factory):
-    """ZeRO-2, AdamW: one epoch, a new launch with --resume semantics for the second: the optimizer's moments and the
-    epoch count must come back from the packed DeepSpeed state for the weights to match."""
-    options = dict(zero_stage=2, **LAYOUT, **ADAM_CLIPPED)
+@pytest.mark.parametrize("stage", [None, 2])
+def test_two_processes_resume_to_the_weights_of_the_straight_plain_run(tmp_path, tmp_path_factory, stage):
+    """Two processes, plain or ZeRO-2, AdamW: one epoch, then a new launch resumes for the second: the optimizer's
+    moments (for DeepSpeed from its packed engine state) and the epoch count must come back for the weights to
+    match the uninterrupted one-process run."""
+    options = dict(**LAYOUT, **ADAM_CLIPPED, **({} if stage is None else {"zero_stage": stage}))
     torchrun_worker(tmp_path, "policy_gradient", 2, 1, epochs=1, resume=1, **options)
     result = torchrun_worker(tmp_path, "policy_gradient", 2, 1, epochs=2, resume=1, **options)
     assert "resumed" in result.stdout and "at epoch 1" in result.stdout
