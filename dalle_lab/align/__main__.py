@@ -68,6 +68,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--clip_path", default=None, help="aesthetic reward: local CLIP ViT-L/14 (transformers dir)")
     parser.add_argument("--aesthetic_head_path", default=None, help="aesthetic reward: the LAION head .pth")
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (CPU)")
+    # the deepspeed launcher passes --local_rank to every process; LOCAL_RANK in the environment says the same
+    parser.add_argument("--local_rank", type=int, default=None, help=argparse.SUPPRESS)
     for f in fields(AlignConfig):
         # config.py uses `from __future__ import annotations`, so f.type is the annotation's text: "int | None"
         base, _, rest = f.type.partition("|")
@@ -112,6 +114,7 @@ def main(argv=None) -> int:
 
     from dalle_lab.training.captions import warn_unknown_words
     from dalle_lab.training.checkpoint import CheckpointError, load_dalle
+    from dalle_lab.training.distributed import env_dist_info, process_device
     from dalle_lab.utils import pick_device
 
     if args.threads:
@@ -119,10 +122,10 @@ def main(argv=None) -> int:
     try:
         prompts = read_prompts(args)
         eval_sets = {"prompts": read_caption_file(args.eval_prompts, "--eval_prompts")} if args.eval_prompts else None
-        dalle, tokenizer, _ = load_dalle(args.dalle_path, pick_device(args.device))
+        device = process_device(pick_device(args.device), env_dist_info())  # torchrun / deepspeed: one GPU each
+        dalle, tokenizer, _ = load_dalle(args.dalle_path, device)
         warn_unknown_words(tokenizer, prompts, "python -m dalle_lab.align")  # named; the run goes on
-        reward_options = {"clip_path": args.clip_path, "head_path": args.aesthetic_head_path,
-                          "device": pick_device(args.device)}
+        reward_options = {"clip_path": args.clip_path, "head_path": args.aesthetic_head_path, "device": device}
         if config.method == "reward_backprop":
             from dalle_lab.align.reward_backprop import RewardBackpropTrainer as Trainer
         elif config.method == "best_of_n":
@@ -135,6 +138,8 @@ def main(argv=None) -> int:
     except (CheckpointError, FileNotFoundError, ValueError) as err:
         print(f"python -m dalle_lab.align: error: {err}", file=sys.stderr)
         return 1
+    if not trainer.processes.is_main:  # process 0 reports for all
+        return 0
     if history:
         first, last = history[0], history[-1]
         print(f"[align] reward {first['reward_mean']:.4f} -> {last['reward_mean']:.4f} over {last['epoch'] + 1} "

@@ -41,6 +41,7 @@ def select_best(prompts, rewards, min_reward: float | None = None) -> np.ndarray
 
 class BestOfNTrainer(AlignTrainer):
     needs_reference = True
+    several_processes = False  # every process would sample and step on the whole epoch
 
     def train_epoch(self, prompts: list[str]) -> dict:
         cfg = self.config

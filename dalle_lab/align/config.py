@@ -114,7 +114,8 @@ class AlignConfig:
         if self.group_size < 2 and self.advantage == "group":
             raise ValueError("group advantages need group_size >= 2 (a group of one has no spread)")
         if self.deepspeed_zero_stage not in (None, 0, 1, 2):
-            raise ValueError(f"deepspeed_zero_stage must be 0, 1 or 2 (one process), got {self.deepspeed_zero_stage}")
+            raise ValueError(f"deepspeed_zero_stage must be 0, 1 or 2 (None: plain PyTorch), got "
+                             f"{self.deepspeed_zero_stage}")
         if self.backprop_last_k < 1:
             raise ValueError(f"backprop_last_k must be >= 1 (the reward's gradient reaches the model through the last "
                              f"K tokens), got {self.backprop_last_k}")

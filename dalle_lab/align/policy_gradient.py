@@ -191,16 +191,17 @@ class PolicyGradientTrainer(AlignTrainer):
             # the same permutation in every process (and after a resume): it depends on (seed, epoch, inner) only
             order = torch.randperm(n, generator=seeded_generator("cpu", cfg.seed, self.epoch, inner, 1))
             for step, index in enumerate(chunks(order, self.step_size)):
-                self.zero_grad()
-                for micro in self.my_micro_batches(index):
-                    loss, sums, first = self.micro_batch_loss(batch, advantages, micro, len(micro) / len(index),
-                                                              first_pass=inner == 0)
-                    self.backward(loss)
+                def loss_of(micro, share, first_pass=inner == 0):
+                    loss, sums, first = self.micro_batch_loss(batch, advantages, micro, share, first_pass)
+                    return loss, (sums, first)
+
+                grad_norm, results = self.updates.step(index, loss_of)  # this process's micro-batches, one update
+                for sums, first in results:
                     for key, value in sums.items():
                         totals[key] = totals.get(key, 0.0) + value
                     if inner == 0 and step == 0:  # no update yet: every ratio must be 1
                         ratio_first = max(ratio_first, first)
-                grad_norms.append(self.finish_step())
+                grad_norms.append(grad_norm)
         keys = sorted(totals) if totals else []
         keys = self.processes.gather_objects(keys)[0]  # process 0's keys (every process that ran has the same)
         summed = dict(zip(keys, self.processes.sum_floats([totals.get(k, 0.0) for k in keys])))

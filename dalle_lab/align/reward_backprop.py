@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from dalle_lab.align.policy_gradient import policy_logprobs, token_entropy, token_kl
 from dalle_lab.rewards import is_differentiable
 from dalle_lab.align.processes import seeded_generator
-from dalle_lab.align.trainer import AlignTrainer, chunks
+from dalle_lab.align.trainer import AlignTrainer
 
 
 def conditional_gumbel(logprobs, tokens, generator=None):
@@ -188,47 +188,53 @@ class RewardBackpropTrainer(AlignTrainer):
                 loss = loss + self.kl.coef * kl_tail.mean()
         return loss, rewards.detach(), images.detach(), stats
 
+    def sample_step(self, step: int, step_prompts: list[str]) -> tuple:
+        """Sample one optimizer step's images with the current weights: this process samples its chunks (generators
+        keyed by epoch, step, chunk), then every process gets the whole step's (text, tokens, support) in order, so
+        the step's micro-batches can be dealt over processes like the policy gradient's."""
+        rows = []
+        for chunk, part in self.sample_chunks(len(step_prompts)):
+            text = self.tokenize(step_prompts[part])
+            tokens, _, support = self.sample_tokens(text, self.chunk_generator(self.epoch, step, chunk))
+            rows.append((part.start, text.cpu(), tokens.cpu(), None if support is None else support.cpu()))
+        rows = sorted((row for part in self.processes.gather_objects(rows) for row in part), key=lambda r: r[0])
+        text, tokens = (torch.cat([r[i] for r in rows]).to(self.device) for i in (1, 2))
+        support = None if rows[0][3] is None else torch.cat([r[3] for r in rows]).to(self.device)
+        return text, tokens, support
+
     def train_epoch(self, prompts: list[str]) -> dict:
-        """Optimizer steps over `step_size` samples each, sampled with the current weights: this process samples its
-        chunks of the step (chunk generators keyed by epoch, step, chunk), then backpropagates its micro-batches, each
-        loss scaled by its share of the step; gradients are summed across processes once per step."""
+        """Optimizer steps over `step_size` samples each, sampled with the current weights (sample_step), then
+        backpropagated in micro-batches dealt over processes, each loss scaled by its share of the step (updates.py);
+        gradients are summed across processes once per step."""
         cfg = self.config
         totals: dict[str, float] = {}
         rewards, images_local, prompts_local, grad_norms = [], [], [], []
         for step, start in enumerate(range(0, len(prompts), self.step_size)):
             step_prompts = prompts[start:start + self.step_size]
             last_k = self.truncation(step)
-            rows = []
-            for chunk, part in self.sample_chunks(len(step_prompts)):
-                text = self.tokenize(step_prompts[part])
-                tokens, _, support = self.sample_tokens(text, self.chunk_generator(self.epoch, step, chunk))
-                rows.append((torch.arange(start + part.start, start + part.stop), text, tokens, support,
-                             step_prompts[part]))
-            self.zero_grad()
-            if rows:
-                index = torch.cat([r[0] for r in rows])
-                text, tokens = torch.cat([r[1] for r in rows]), torch.cat([r[2] for r in rows])
-                support = None if rows[0][3] is None else torch.cat([r[3] for r in rows])
-                my_prompts = [p for r in rows for p in r[4]]
-                for micro in chunks(torch.arange(len(index)), cfg.train_batch_size):
-                    # each image's Gumbel noise from its own generator: the same whatever micro-batch it is in
-                    seeds = [int(i) for i in index[micro]]
+            text, tokens, support = self.sample_step(step, step_prompts)
 
-                    def noise(seeds=seeds):
-                        return [seeded_generator("cpu", cfg.seed, self.epoch, i, 2) for i in seeds]
+            def loss_of(micro, share, start=start, last_k=last_k):
+                # each image's Gumbel noise from its own generator (its position in the epoch): the same whatever
+                # micro-batch or process it is in
+                def noise():
+                    return [seeded_generator("cpu", cfg.seed, self.epoch, start + int(i), 2) for i in micro]
 
-                    loss, batch_rewards, images, stats = self.backprop_loss(
-                        text[micro], tokens[micro], [my_prompts[i] for i in micro],
-                        None if support is None else support[micro], last_k, noise)
-                    self.backward(loss * (len(micro) / len(step_prompts)))
-                    stats["loss"] = loss.item()
-                    for key, value in stats.items():
-                        totals[key] = totals.get(key, 0.0) + value * len(micro)
-                    totals["images"] = totals.get("images", 0.0) + len(micro)
-                    rewards.append((index[micro], batch_rewards.float().cpu().reshape(-1)))
-                    images_local.append(images.cpu())
-                    prompts_local += [my_prompts[i] for i in micro]
-            grad_norms.append(self.finish_step())
+                loss, batch_rewards, images, stats = self.backprop_loss(
+                    text[micro], tokens[micro], [step_prompts[i] for i in micro],
+                    None if support is None else support[micro], last_k, noise)
+                stats["loss"] = loss.item()
+                return loss * share, (micro, batch_rewards, images, stats)
+
+            grad_norm, results = self.updates.step(torch.arange(len(step_prompts)), loss_of)
+            for micro, batch_rewards, images, stats in results:
+                for key, value in stats.items():
+                    totals[key] = totals.get(key, 0.0) + value * len(micro)
+                totals["images"] = totals.get("images", 0.0) + len(micro)
+                rewards.append((start + micro, batch_rewards.float().cpu().reshape(-1)))
+                images_local.append(images.cpu())
+                prompts_local += [step_prompts[i] for i in micro]
+            grad_norms.append(grad_norm)
         keys = self.processes.gather_objects(sorted(totals))[0]
         summed = dict(zip(keys, self.processes.sum_floats([totals.get(k, 0.0) for k in keys])))
         count = summed.pop("images")

@@ -25,10 +25,18 @@ STATE_FORMAT = "dalle_lab.align_state/1"
 class RunFiles:
     """save_state / load_state (exact resume), save_grid, plot_curve, merged_model and export."""
 
-    def save_state(self) -> Path:
+    def save_state(self) -> Path | None:
+        """Every process calls it (under DeepSpeed each writes its engine shard); process 0 writes the file."""
         from dalle_lab.training.checkpoint import capture_rng
         from dalle_lab.utils import atomic_torch_save
 
+        # DeepSpeed's own engine files (optimizer partitions): collective, every process writes its own
+        engine_dir = engine_record = None
+        if self.deepspeed is not None:
+            engine_dir = self._new_engine_dir()
+            engine_record = self.deepspeed.save_engine_files(engine_dir)
+        if not self.processes.is_main:
+            return None
         if self.lora_modules:
             from dalle_lab.align.lora import lora_state_dict
 
@@ -52,10 +60,8 @@ class RunFiles:
             "extra": self.extra_state_dict(),
             "step_size": self.step_size,  # samples per optimizer step, all processes together
         }
-        engine_dir = None
-        if self.deepspeed is not None:  # DeepSpeed's own engine files (optimizer partitions), in a directory
-            engine_dir = self._new_engine_dir()
-            state["deepspeed"] = self.deepspeed.save_engine_files(engine_dir)
+        if engine_dir is not None:
+            state["deepspeed"] = engine_record
         path = atomic_torch_save(state, self.out_dir / STATE_FILE)
         if engine_dir is not None:  # the state file now names the new directory: the older ones can go
             from dalle_lab.training.deepspeed_files import remove_engine_dirs

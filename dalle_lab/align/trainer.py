@@ -26,6 +26,7 @@ import torch
 from dalle_lab.align.config import AlignConfig
 from dalle_lab.align.logprobs import policy_logprobs, sample_with_support
 from dalle_lab.align.processes import Processes, seeded_generator
+from dalle_lab.align.updates import Updates, chunks  # noqa: F401  (chunks: re-exported)
 from dalle_lab.rewards import RewardWorker, get_reward
 
 from dalle_lab.align.run_files import STATE_FILE, RunFiles  # noqa: F401  (STATE_FILE: re-exported)
@@ -41,14 +42,9 @@ def make_optimizer(parameters, config: AlignConfig):
     return torch.optim.AdamW(parameters, lr=config.lr, weight_decay=config.weight_decay)
 
 
-def chunks(items, size: int):
-    """Consecutive slices of a list or tensor, `size` at a time."""
-    for start in range(0, len(items), size):
-        yield items[start:start + size]
-
-
 class AlignTrainer(RunFiles):
     needs_reference = False  # subclasses whose loss has a KL term to the starting model set this
+    several_processes = True  # False: the method's epoch is not split across processes (refused under torchrun)
 
     def __init__(self, dalle, tokenizer, config: AlignConfig, prompts: Sequence[str], out_dir,
                  *, reward: Callable | None = None, eval_prompts: Sequence[str] | None = None,
@@ -73,6 +69,9 @@ class AlignTrainer(RunFiles):
         self.out_dir = Path(out_dir)
         self.device = next(p for p in dalle.parameters()).device
         self.processes = Processes(self.device)
+        if self.processes.distributed and not self.several_processes:
+            raise ValueError(f"--method {config.method} runs in one process only ({self.processes.world_size} were "
+                             f"started): launch it without torchrun / the deepspeed launcher")
         if self.processes.is_main:
             self.out_dir.mkdir(parents=True, exist_ok=True)
         self.log_fn = log_fn if self.processes.is_main else (lambda _: None)
@@ -100,7 +99,9 @@ class AlignTrainer(RunFiles):
         # the reference also serves the in-run evaluation's KL, so it exists whenever the method has a KL term
         self.reference = self._make_reference() if self.needs_reference else None
         self.optimizer = make_optimizer(self.trainable, config)
-        self.deepspeed = self._make_deepspeed() if config.deepspeed_zero_stage is not None else None
+        # optimizer steps, plain or DeepSpeed, one process or several (updates.py)
+        self.updates = Updates(self.dalle, self.trainable, self.optimizer, config, self.processes)
+        self.deepspeed = self.updates.deepspeed  # None without DeepSpeed; run_files packs its engine state
 
         self.epoch = 0
         self.images_sampled = 0
@@ -237,60 +238,9 @@ class AlignTrainer(RunFiles):
         """Samples per optimizer step: train_batch_size x processes x gradient_accumulation_steps."""
         return self.config.train_batch_size * self.processes.world_size * self.config.gradient_accumulation_steps
 
-    def my_micro_batches(self, index):
-        """This process's micro-batches (of train_batch_size) of one optimizer step's samples `index`."""
-        micro = list(chunks(index, self.config.train_batch_size))
-        return self.processes.my_share(micro)
-
-    def _make_deepspeed(self):
-        """DeepSpeed's engine around the transformer and our optimizer (one process; ZeRO stage from the config),
-        built by the training package's DeepSpeedEngine so both use the same settings and checkpoint packing."""
-        from dalle_lab.training.deepspeed_engine import DeepSpeedEngine, build_deepspeed_config
-        from dalle_lab.training.distributed import env_dist_info
-        from dalle_lab.training.precision import Precision
-
-        dist = env_dist_info()
-        if dist.distributed:
-            raise ValueError("alignment with --deepspeed_zero_stage runs in one process only; for several processes "
-                             "leave --deepspeed_zero_stage out (torchrun / the deepspeed launcher then run the plain "
-                             "trainer, gradients all-reduced once per step)")
-        if self.config.gradient_accumulation_steps != 1:
-            raise ValueError("--deepspeed_zero_stage with gradient_accumulation_steps > 1 is not supported; leave "
-                             "--deepspeed_zero_stage out to accumulate gradients")
-        precision = Precision(self.device.type, None)
-        ds_config = build_deepspeed_config({}, batch_size=self.config.train_batch_size, ga_steps=1, world_size=1,
-                                           clip_grad_norm=self.config.max_grad_norm, precision=precision,
-                                           zero_stage=self.config.deepspeed_zero_stage)
-        return DeepSpeedEngine(self.dalle, self.optimizer, precision, dist, ds_config)
-
     def step(self, loss) -> float:
         """One optimiser step on one loss (one micro-batch, this process only); returns the gradient norm."""
-        self.zero_grad()
-        self.backward(loss)
-        return self.finish_step()
-
-    def zero_grad(self) -> None:
-        if self.deepspeed is None:
-            self.optimizer.zero_grad(set_to_none=True)
-
-    def backward(self, loss) -> None:
-        """Accumulate one micro-batch's gradient locally (no communication: the sum over processes happens once,
-        in finish_step)."""
-        if self.deepspeed is not None:
-            self.deepspeed.engine.backward(loss)  # DeepSpeed clips (gradient_clipping) and steps itself
-        else:
-            loss.backward()
-
-    def finish_step(self) -> float:
-        """Sum gradients over processes, clip, step; returns the gradient norm before clipping (the same number in
-        every process)."""
-        if self.deepspeed is not None:
-            self.deepspeed.engine.step()
-            return self.deepspeed.optimizer_step()[0]
-        self.processes.sum_gradients(self.trainable)
-        norm = torch.nn.utils.clip_grad_norm_(self.trainable, self.config.max_grad_norm)
-        self.optimizer.step()
-        return float(norm)
+        return self.updates.single(loss)
 
     # ------------------------------------------------------------ logging helpers
 
@@ -403,14 +353,17 @@ class AlignTrainer(RunFiles):
             self.history.append(log)
             if main:
                 self._write_log(log)
-                self.save_state()
+            self.save_state()  # every process: a collective under DeepSpeed
+            if main:
                 self.plot_curve()
         self.log_fn(f"[align] stopped: {reason}")
         self.reward_worker.close()
-        if main:
-            if self.evaluator.active and self.eval_history[-1]["epochs_done"] != self.epoch:
+        final_eval = main and self.evaluator.active and self.eval_history[-1]["epochs_done"] != self.epoch
+        if self.processes.any(final_eval):
+            if main:
                 self.evaluate_now()
-                self.save_state()
+            self.save_state()
+        if main:
             self.save_grid(self.out_dir / "samples_after.png")
             self.export(self.out_dir / "dalle_aligned.pt")
             if self.evaluator.active:

@@ -1,6 +1,7 @@
 """Numeric precision for any torch model, and what it does to a reward model's scores.
 
     modes.py       precision_mode(model, "fp32" | "bf16" | "fp16" | "tpu_default")
+    op_kinds.py    which aten ops tpu_default rounds, refuses, runs untouched or reports
     reward_gap.py  a reward in a lower precision against float32 on the same images (the fine-tuning guard)
     parity.py      the parity report: embeddings and scores per image and per layer (`python -m dalle_lab.precision.parity`)
 """

@@ -18,12 +18,12 @@ Modes:
   baddbmm, attention products) has its float32 operands rounded to bfloat16 (round to nearest even) and is then
   multiplied and accumulated in float32. The product of two bfloat16 numbers is exact in float32, so this reproduces
   the TPU's products exactly and differs only in summation order. LayerNorm, softmax, GELU and every other op stay
-  float32. It works on aten ops (a TorchDispatchMode), so it reaches products however a model spells them; fused
-  kernels that hide products inside (fused attention, RNN kernels, cdist) are either decomposed
-  (scaled_dot_product_attention) or refused with an error naming the op. Every other op is checked against an
-  allow-list of ops that multiply no matrices; one outside it that takes a float32 matrix (an unlisted aten op, a
-  custom op from torch.library) is reported by name, never silently skipped. Gradients pass straight through the
-  rounding.
+  float32. It works on aten ops (a TorchDispatchMode), so it reaches products however a model spells them; kernels
+  that hide products inside (fused attention, RNN kernels, cdist, sparse and quantised products, linear-algebra
+  routines) are either decomposed (scaled_dot_product_attention) or refused with an error naming the op. Every other
+  op is checked against an allow-list of ops that multiply no matrices; one outside it that takes a float32 matrix (an
+  unlisted aten op, a custom op from torch.library) is reported by name, never silently skipped. The tables are in
+  op_kinds.py. Gradients pass straight through the rounding.
 
 The tpu_default rounding applies to every product computed inside the `with` block (on a TPU it is global too), not
 only the model's: a reward's head and preprocessing run under it as well.
@@ -34,109 +34,9 @@ import contextlib
 from collections import Counter
 from dataclasses import dataclass, field
 
+from dalle_lab.precision.op_kinds import PRODUCT_OPERANDS, op_kind, refusal, takes_float32_matrix
+
 PRECISION_MODES = ("fp32", "bf16", "fp16", "tpu_default")
-
-# aten products whose float32 operands tpu_default rounds: op name -> positions of the multiplied operands.
-# Bias / accumulator inputs (addmm's first argument, a conv bias) are added in float32 and left alone, as on a TPU.
-_PRODUCT_OPERANDS = {
-    "mm": (0, 1),
-    "bmm": (0, 1),
-    "mv": (0, 1),
-    "dot": (0, 1),
-    "vdot": (0, 1),
-    "addmm": (1, 2),
-    "_addmm_activation": (1, 2),
-    "baddbmm": (1, 2),
-    "addbmm": (1, 2),
-    "addmv": (1, 2),
-    "convolution": (0, 1),
-    "_convolution": (0, 1),
-    "convolution_backward": (0, 1, 2),  # grad_output, input, weight: the backward products of a convolution
-    "addr": (1, 2),  # outer product of two vectors added to a matrix (BLAS ger): a rank-1 matrix product
-}
-
-# Fused aten kernels that multiply matrices internally where the mode cannot reach the operands. Reaching one inside
-# tpu_default raises instead of silently computing full-precision products.
-_FUSED_PRODUCT_OPS = (
-    "_scaled_dot_product_flash_attention",
-    "_scaled_dot_product_flash_attention_for_cpu",
-    "_scaled_dot_product_efficient_attention",
-    "_scaled_dot_product_cudnn_attention",
-    "_scaled_dot_product_fused_attention_overrideable",
-    "_flash_attention_forward",
-    "_efficient_attention_forward",
-    "_native_multi_head_attention",
-    "_transformer_encoder_layer_fwd",
-    "_trilinear",
-    "mkldnn_rnn_layer",
-    "_thnn_fused_lstm_cell",
-    "_thnn_fused_gru_cell",
-    "mkldnn_linear",
-    "mkldnn_convolution",
-    "_scaled_dot_product_flash_attention_for_cpu_backward",
-    "_scaled_dot_product_flash_attention_backward",
-    "_scaled_dot_product_efficient_attention_backward",
-    "_cdist_forward",  # torch.cdist: p=2 distances go through a hidden matrix product
-    "_cdist_backward",
-    "_euclidean_dist",
-    "_pdist_forward",
-    "_pdist_backward",
-    "_int_mm",
-    "_scaled_mm",
-    "_weight_int8pack_mm",
-    "_weight_int4pack_mm",
-    "slow_conv2d_forward",
-    "_slow_conv2d_forward",
-    "slow_conv3d_forward",
-    "slow_conv_transpose2d",
-    "slow_conv_transpose3d",
-    "thnn_conv2d",
-    "_conv_depthwise2d",
-    "conv_depthwise3d",
-    "cudnn_convolution",
-    "cudnn_convolution_transpose",
-    "miopen_convolution",
-)
-
-# The allow-list: aten ops known to multiply no matrices, so tpu_default runs them untouched in float32. Together with
-# every op tagged pointwise (add, mul, gelu, exp, where, ...) and every view (view, transpose, expand, slice, ...).
-# Any other op that takes a float32 tensor of rank >= 2 (an aten op not listed, or a custom op registered through
-# torch.library, the way flash-attn and xformers register theirs) is reported: counted in PrecisionHandle.unknown
-# and warned about (or refused, with unknown_ops="raise"), because it might hide products the mode cannot round.
-_PRODUCT_FREE_OPS = frozenset("""
-    _softmax _softmax_backward_data _log_softmax _log_softmax_backward_data logsumexp
-    native_layer_norm native_layer_norm_backward native_group_norm native_group_norm_backward native_batch_norm
-    native_batch_norm_backward _native_batch_norm_legit _native_batch_norm_legit_no_training
-    _native_batch_norm_legit_functional _fused_rms_norm _fused_rms_norm_backward
-    embedding embedding_dense_backward index index_select index_put index_put_ index_add index_add_ index_copy
-    gather scatter scatter_ scatter_add scatter_add_ scatter_reduce masked_fill masked_fill_ masked_scatter
-    masked_select take put_ nonzero
-    sum mean amax amin max min argmax argmin var var_mean std std_mean norm linalg_vector_norm prod cumsum cumprod
-    any all sort topk kthvalue median mode count_nonzero
-    cat stack split split_with_sizes unbind chunk clone copy_ _to_copy _copy_from _copy_from_and_resize contiguous
-    _unsafe_view empty_like zeros_like ones_like full_like rand_like randn_like new_empty new_empty_strided new_zeros
-    new_ones new_full fill_ zero_ empty empty_strided zeros ones full arange rand randn randint bernoulli bernoulli_
-    native_dropout native_dropout_backward uniform_ normal_ exponential_
-    constant_pad_nd reflection_pad1d reflection_pad2d reflection_pad3d replication_pad1d replication_pad2d
-    replication_pad3d reflection_pad2d_backward replication_pad2d_backward
-    repeat repeat_interleave roll flip tril triu tril_ triu_ select_backward slice_backward diagonal_backward
-    expand_copy permute_copy view_copy _reshape_copy
-    avg_pool2d avg_pool2d_backward max_pool2d_with_indices max_pool2d_with_indices_backward adaptive_avg_pool2d
-    _adaptive_avg_pool2d _adaptive_avg_pool2d_backward adaptive_max_pool2d adaptive_max_pool2d_backward
-    avg_pool1d avg_pool3d max_pool3d_with_indices
-    im2col col2im pixel_shuffle pixel_unshuffle channel_shuffle
-    upsample_nearest1d upsample_nearest2d upsample_nearest3d _upsample_nearest_exact2d upsample_bilinear2d
-    upsample_bicubic2d upsample_linear1d upsample_trilinear3d _upsample_bilinear2d_aa _upsample_bicubic2d_aa
-    upsample_nearest2d_backward upsample_bilinear2d_backward upsample_bicubic2d_backward
-    _upsample_bicubic2d_aa_backward _upsample_bilinear2d_aa_backward grid_sampler_2d grid_sampler_2d_backward
-    mse_loss mse_loss_backward l1_loss smooth_l1_loss smooth_l1_loss_backward huber_loss huber_loss_backward
-    nll_loss_forward nll_loss_backward nll_loss2d_forward nll_loss2d_backward binary_cross_entropy
-    binary_cross_entropy_backward binary_cross_entropy_with_logits
-    _local_scalar_dense equal allclose isclose isnan isinf isfinite is_nonzero histc bincount unique_dim
-    _unique2 searchsorted bucketize linalg_cross _weight_norm_interface _weight_norm_interface_backward
-    lift_fresh lift_fresh_copy set_ resize_ as_strided_ detach_ alias_copy _foreach_add _foreach_mul
-""".split())
-
 
 def check_mode(mode: str) -> str:
     if mode not in PRECISION_MODES:
@@ -171,30 +71,6 @@ class PrecisionHandle:
         return sum(self.products.values())
 
 
-def _takes_float32_matrix(args, kwargs) -> bool:
-    import torch
-    from torch.utils._pytree import tree_leaves
-
-    return any(isinstance(x, torch.Tensor) and x.dtype == torch.float32 and x.dim() >= 2
-               for x in tree_leaves((args, kwargs)))
-
-
-def _op_kind(func) -> str:
-    """'product' (rounded), 'fused' (refused), 'free' (allow-listed: multiplies no matrices) or 'unknown'."""
-    import torch
-
-    namespace, _, name = func._schema.name.partition("::")
-    if namespace != "aten":
-        return "unknown"
-    if name in _PRODUCT_OPERANDS:
-        return "product"
-    if name in _FUSED_PRODUCT_OPS:
-        return "fused"
-    if name in _PRODUCT_FREE_OPS or func.is_view or torch.Tag.pointwise in func.tags:
-        return "free"
-    return "unknown"
-
-
 def _tpu_default_modes(handle: PrecisionHandle, unknown_ops: str = "warn"):
     """Build the two torch modes behind tpu_default (imported lazily: torch internals)."""
     import torch
@@ -221,11 +97,11 @@ def _tpu_default_modes(handle: PrecisionHandle, unknown_ops: str = "warn"):
             kwargs = kwargs or {}
             kind = kinds.get(func)
             if kind is None:
-                kind = kinds[func] = _op_kind(func)
+                kind = kinds[func] = op_kind(func)
             if kind == "free":
                 return func(*args, **kwargs)
             name = func._schema.name.split("::", 1)[-1]
-            operands = _PRODUCT_OPERANDS.get(name) if kind == "product" else None
+            operands = PRODUCT_OPERANDS.get(name) if kind == "product" else None
             if operands is not None and any(
                     i < len(args) and isinstance(args[i], torch.Tensor) and args[i].dtype == torch.float32
                     for i in operands):
@@ -235,20 +111,15 @@ def _tpu_default_modes(handle: PrecisionHandle, unknown_ops: str = "warn"):
                         args[i] = round_to_bf16(args[i])
                 handle.products[name] += 1
                 return func(*args, **kwargs)
-            if kind == "fused":
-                raise RuntimeError(
-                    f"tpu_default precision reached the fused kernel aten::{name}, whose internal matrix products it "
-                    "cannot round. Run the model with its unfused path (for HuggingFace models "
-                    "attn_implementation='eager' or 'sdpa'; for nn.MultiheadAttention / nn.TransformerEncoderLayer "
-                    "call it with need_weights=True or in training mode; torch.cdist: write the distances with "
-                    "matmul) so every product is visible.")
-            if kind == "unknown" and _takes_float32_matrix(args, kwargs):
+            if kind == "refused":
+                raise RuntimeError(refusal(name))
+            if kind == "unknown" and takes_float32_matrix(args, kwargs):
                 qualified = func._schema.name
                 handle.unknown[qualified] += 1
                 message = (f"tpu_default precision does not know {qualified}, which takes float32 tensors of rank "
                            ">= 2: any matrix products inside it run unrounded in float32. If it multiplies no "
-                           "matrices add it to dalle_lab.precision.modes._PRODUCT_FREE_OPS; if it does, give it "
-                           "to the mode as products it can see (or add it to _PRODUCT_OPERANDS)")
+                           "matrices add it to dalle_lab.precision.op_kinds.PRODUCT_FREE_OPS; if it does, give it "
+                           "to the mode as products it can see (or list it in op_kinds)")
                 if unknown_ops == "raise":
                     raise RuntimeError(message)
                 if unknown_ops == "warn" and handle.unknown[qualified] == 1:

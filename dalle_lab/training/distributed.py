@@ -34,6 +34,17 @@ def env_dist_info() -> DistInfo:
     )
 
 
+def process_device(device, info: DistInfo):
+    """This process's device: with several processes a bare "cuda" becomes cuda:LOCAL_RANK (one GPU per process, as
+    NCCL needs); an explicit index or a CPU is kept."""
+    import torch
+
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None and info.distributed:
+        return torch.device("cuda", info.local_rank)
+    return device
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
