@@ -216,6 +216,8 @@ def main(argv=None) -> dict:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--clip_path", default=None, help="dalle_lab CLIP directory (default: the shipped one)")
     parser.add_argument("--dalle_path", default=None, help="also compare on images this DALLE checkpoint samples")
+    parser.add_argument("--cond_scale", type=float, default=1.0,
+                        help="guidance of the DALLE samples (generate.py samples at 2; 1 keeps the first report's)")
     parser.add_argument("--n", type=int, default=128, help="images per set")
     parser.add_argument("--emoji", type=int, default=0,
                         help="also compare the image tower on this many Twemoji drawings (out of the Shapes CLIP's domain)")
@@ -248,10 +250,12 @@ def main(argv=None) -> dict:
         from dalle_lab.precision.parity import generate_dalle_images
         from dalle_lab.utils import file_sha256
 
-        generated, _ = generate_dalle_images(args.dalle_path, captions, seed=args.seed, top_k=10, temperature=0.7)
+        generated, _ = generate_dalle_images(args.dalle_path, captions, seed=args.seed, top_k=10, temperature=0.7,
+                                             cond_scale=args.cond_scale)
         sets["generated_val"] = (generated, captions, f"sampled by {args.dalle_path} (sha256 "
                                                       f"{file_sha256(args.dalle_path)[:12]}, seed {args.seed}, top_k "
-                                                      "10, temperature 0.7) for the same captions")
+                                                      f"10, temperature 0.7, cond_scale {args.cond_scale:g}) for the "
+                                                      "same captions")
     if args.emoji:
         drawn, names = emoji_images(args.emoji, scorer.image_size, args.seed)
         sets["emoji_drawn"] = (drawn, None, f"Twemoji drawings, {args.emoji} of all names by a seed-{args.seed} "
