@@ -229,6 +229,8 @@ def plot(results: dict, path: Path) -> None:
 
 
 def markdown(results: dict) -> str:
+    from dalle_lab.precision.gap_stats import KEYS
+
     p = results["precision"]
     c = results["calibration"]
     lines = [f"# Fine-tuning with a {p} reward, evaluated in fp32", "",
@@ -265,10 +267,12 @@ def markdown(results: dict) -> str:
     share = summary["share_surviving"]
     lines += ["", f"Share of the apparent gain that survives in fp32: {share['value']:.3f} "
                   f"({'meaningful' if share['meaningful'] else 'not meaningful'}: {share['why']})."]
-    if "real_gain_low_minus_fp32_arm" in summary:
-        d = summary["real_gain_low_minus_fp32_arm"]
-        lines.append(f"Real gain of the {p}-reward run minus the fp32-reward run, paired by seed: "
-                     f"{d['mean']:+.4f} +- {d['half_width']:.4f} ({d['verdict']}).")
+    for measure in ("real", "artefact"):
+        if KEYS[measure] in summary:
+            d = summary[KEYS[measure]]
+            lines.append(f"{measure.capitalize()} {'gain ' if measure == 'real' else ''}of the {p}-reward run minus "
+                         f"the fp32-reward run, paired by seed: {d['mean']:+.4f} +- {d['half_width']:.4f} "
+                         f"({d['verdict']}).")
     return "\n".join(lines + [""])
 
 

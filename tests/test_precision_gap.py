@@ -51,6 +51,9 @@ def test_seed_summary_t_intervals_verdicts_and_pairing():
     assert paired["mean"] == pytest.approx(0.07)
     assert paired["half_width"] == pytest.approx(T2 * 0.12 / math.sqrt(3))
     assert paired["verdict"] == "cannot tell from zero"
+    # artefacts: 0.10, 0.11, 0.12 against the control's 0, 0, 0
+    excess = summary["artefact_low_minus_fp32_arm"]
+    assert excess["mean"] == pytest.approx(0.11) and excess["half_width"] == pytest.approx(T2 * 0.01 / math.sqrt(3))
 
     flat = {seed: {"low": _gains(g, g)} for seed, g in (("0", -0.1), ("1", 0.05), ("2", 0.1))}
     summary = seed_summary(flat, "low")

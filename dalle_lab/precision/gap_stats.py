@@ -22,6 +22,8 @@ import numpy as np
 from dalle_lab.experiments.stats import mean_ci
 
 MEASURES = ("apparent", "real", "artefact")
+# summary keys of the low-precision run minus the float32-reward control, paired by seed
+KEYS = {"real": "real_gain_low_minus_fp32_arm", "artefact": "artefact_low_minus_fp32_arm"}
 
 
 def _mean_se(values: np.ndarray) -> dict:
@@ -57,9 +59,9 @@ def verdict(interval) -> str:
 
 
 def seed_summary(per_seed: Mapping[str, Mapping[str, dict]], low_arm: str, fp32_arm: str | None = None) -> dict:
-    """Across training seeds: mean and t-interval of each arm's apparent gain, real gain and artefact; the real
-    gain of the low-precision arm minus the float32-reward control's, paired by seed; and the share of the apparent
-    gain that survives (a ratio of means, only meaningful when the apparent gain is clearly above zero).
+    """Across training seeds: mean and t-interval of each arm's apparent gain, real gain and artefact; the real gain
+    and the artefact of the low-precision arm minus the float32-reward control's, paired by seed; and the share of
+    the apparent gain that survives (a ratio of means, only meaningful when the apparent gain is clearly above zero).
 
     `per_seed[seed][arm]` is a paired_gains result; `low_arm` / `fp32_arm` name the arms."""
     seeds = sorted(per_seed)
@@ -80,7 +82,10 @@ def seed_summary(per_seed: Mapping[str, Mapping[str, dict]], low_arm: str, fp32_
                "the apparent gain cannot be told from zero, so no share of it can be judged; the artefact is the measure",
     }
     if fp32_arm is not None:
-        interval = mean_ci([per_seed[seed][low_arm]["real"]["gain"] - per_seed[seed][fp32_arm]["real"]["gain"]
-                            for seed in seeds])
-        summary["real_gain_low_minus_fp32_arm"] = {**interval.to_dict(), "verdict": verdict(interval)}
+        for measure in ("real", "artefact"):
+            # the artefact of the float32-reward control is what fine-tuning alone does to the rounding gap; only
+            # the low-precision run's excess over it can come from the policy climbing the rounding
+            interval = mean_ci([per_seed[seed][low_arm][measure]["gain"] - per_seed[seed][fp32_arm][measure]["gain"]
+                                for seed in seeds])
+            summary[KEYS[measure]] = {**interval.to_dict(), "verdict": verdict(interval)}
     return summary
