@@ -36,7 +36,7 @@ _HELP = {
                     "differ from the plain background; background cells keep the KL penalty)",
     "advantage": "per_prompt (DDPO's running per-prompt statistics) or group (GRPO normalisation within the epoch)",
     "backprop_last_k": "reward_backprop: the gradient reaches the model through the last K image tokens",
-    "reward_precision": "run the reward model in fp32, bf16, fp16 or tpu_default (aesthetic reward)",
+    "reward_precision": "run the reward model in fp32, bf16, fp16 or tpu_default (aesthetic, clip_score)",
 }
 
 

@@ -258,7 +258,7 @@ class AlignTrainer(RunFiles):
         model = getattr(self.reward, "scorer", None) or getattr(self.reward, "model", None)
         if not isinstance(getattr(model, "precision", None), str):
             raise ValueError(f"reward_precision={self.config.reward_precision!r} needs a reward model with a precision "
-                             f"setting (the aesthetic reward); {self.config.reward!r} has none: use fp32")
+                             f"setting (aesthetic, clip_score); {self.config.reward!r} has none: use fp32")
         model.precision = self.config.reward_precision
 
     def reward_precision_gap(self, images, prompts, scores) -> dict:
