@@ -44,6 +44,10 @@ class Bench:
     def effective_k(self, filter_thres: float) -> int:  # pragma: no cover
         raise NotImplementedError
 
+    def optimizer(self, params):  # pragma: no cover
+        """The optimizer the package's own training script builds (the training measure steps it)."""
+        raise NotImplementedError
+
 
 def param_counts(model: nn.Module) -> dict:
     """Trainable parameters outside any image tokenizer, split into embedding tables and the rest.
@@ -87,7 +91,12 @@ def build_ours(config: dict | None) -> Bench:
         return model.generate_images(text, filter_thres=filter_thres, use_cache=use_cache, return_tokens=True,
                                      speculative=decode.startswith("speculative"), cuda_graph=decode.endswith("graph"))
 
-    bench.loss, bench.generate = loss, generate
+    def optimizer(params):
+        from dalle_lab.training.engine import adamw
+
+        return adamw(params, lr=1e-4)  # train_dalle.py's AdamW: the fused kernel where the parameters allow it
+
+    bench.loss, bench.generate, bench.optimizer = loss, generate, optimizer
     bench.effective_k = lambda thres: _ours_effective_k(bench, thres)
     return bench
 
@@ -167,7 +176,10 @@ def build_peer(config: dict, variant: str = "class-default") -> Bench:
         kept = dalle_pytorch.dalle_pytorch.top_k(logits, thres=filter_thres)
         return int(torch.isfinite(kept[:, model.num_text_tokens:]).sum())
 
-    bench.loss, bench.generate, bench.effective_k = loss, generate, effective_k
+    def optimizer(params):
+        return torch.optim.Adam(params, lr=1e-4)  # what dalle-pytorch 1.6.6's train_dalle.py builds
+
+    bench.loss, bench.generate, bench.effective_k, bench.optimizer = loss, generate, effective_k, optimizer
     return bench
 
 

@@ -5,7 +5,8 @@ one line `RESULT {json}` at the end. Tasks:
 
   matmul    the machine's float32 and bfloat16 ceiling: best GFLOP/s of a 2048x2048 @ 2048x2048 matmul
   info      parameter counts and the sampler's effective top-k at filter_thres
-  train     median seconds per training step (forward, backward, AdamW step) -> tokens/s; --dtype bf16 = autocast
+  train     median seconds per training step (forward, backward, the package's own optimizer step) -> tokens/s;
+            --dtype bf16 = autocast
   generate  median seconds to generate --batch images (token ids, no pixel decoding), with or without the cache
 
 Both wall-clock and CPU time (all threads of the process) are recorded. On cores shared with other jobs the wall
@@ -85,7 +86,7 @@ def measure_train(bench, batch: int, dtype: str, warmup: int, steps: int) -> dic
     model = bench.model
     model.train()
     params = [p for p in model.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=1e-4)
+    opt = bench.optimizer(params)  # each package's own training optimizer (ours: fused AdamW; the peer: Adam)
     text, image = random_batch(bench, batch)
 
     def step() -> float:
@@ -108,7 +109,8 @@ def measure_train(bench, batch: int, dtype: str, warmup: int, steps: int) -> dic
     tokens = batch * (bench.text_seq_len + bench.image_seq_len)
     return dict(s_per_step=seconds, step_times=times, tokens_per_step=tokens, tokens_per_s=tokens / seconds,
                 cpu_s_per_step=statistics.median(cpu_times), step_cpu_times=cpu_times, losses=losses,
-                rss_after_warmup_mb=rss_warm)
+                rss_after_warmup_mb=rss_warm,
+                optimizer=f"{type(opt).__name__}(fused={opt.defaults.get('fused')})")
 
 
 def measure_generate(bench, batch: int, use_cache: bool, filter_thres: float, reps: int, decode: str = "plain",

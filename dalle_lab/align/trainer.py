@@ -28,6 +28,7 @@ from dalle_lab.align.logprobs import policy_logprobs, sample_with_support
 from dalle_lab.align.processes import Processes, seeded_generator
 from dalle_lab.align.updates import Updates, chunks  # noqa: F401  (chunks: re-exported)
 from dalle_lab.rewards import RewardWorker, get_reward
+from dalle_lab.training.engine import adamw
 
 from dalle_lab.align.run_files import STATE_FILE, RunFiles  # noqa: F401  (STATE_FILE: re-exported)
 
@@ -39,7 +40,7 @@ def make_optimizer(parameters, config: AlignConfig):
     proportional to the gradient, so the weights with small, inconsistent gradients move little."""
     if config.optimizer == "sgd":
         return torch.optim.SGD(parameters, lr=config.lr, momentum=config.momentum, weight_decay=config.weight_decay)
-    return torch.optim.AdamW(parameters, lr=config.lr, weight_decay=config.weight_decay)
+    return adamw(parameters, lr=config.lr, weight_decay=config.weight_decay)
 
 
 class AlignTrainer(RunFiles):

@@ -15,10 +15,24 @@ from .distributed import DistInfo
 from .precision import Precision
 
 
+_FUSED_ADAMW_DEVICES = ("cpu", "cuda")
+
+
+def adamw(params, **hyperparameters) -> torch.optim.AdamW:
+    """torch.optim.AdamW with its fused kernel wherever every parameter allows it (floating point, on the CPU or a
+    CUDA device). Why: the default per-parameter loop costs about 32 ms per step for the reference model's 55
+    weight tensors on one core of an AVX2 CPU, the fused kernel about 6 ms (benchmarks/perf/optimizer_step.py),
+    which is several per cent of a small model's training step. Its updates agree with the loop's to float
+    rounding, not bitwise; a checkpoint keeps the kernel it was saved with, so a resumed run continues exactly."""
+    params = list(params)
+    fusable = bool(params) and all(p.is_floating_point() and p.device.type in _FUSED_ADAMW_DEVICES for p in params)
+    return torch.optim.AdamW(params, fused=fusable or None, **hyperparameters)
+
+
 def make_optimizer(model, learning_rate: float, weight_decay: float = 0.0):
     """AdamW over the trainable parameters (a frozen VAE inside the model is skipped)."""
     params = [p for p in model.parameters() if p.requires_grad]
-    return torch.optim.AdamW(params, lr=learning_rate, weight_decay=weight_decay, betas=(0.9, 0.96))
+    return adamw(params, lr=learning_rate, weight_decay=weight_decay, betas=(0.9, 0.96))
 
 
 class PlainEngine:
