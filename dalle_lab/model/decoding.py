@@ -20,6 +20,7 @@ import torch
 from ..sampling import sample_from_log_probs, sampling_distribution
 from .fused_step import FusedStep, fused_supported
 from .linear import packed_linears
+from .threads import decode_threads
 
 
 class Sampling(NamedTuple):
@@ -111,6 +112,7 @@ class Decoder:
 def plain_decode(model, text_ids: torch.Tensor, tokens: torch.Tensor, logprobs: torch.Tensor, n_init: int,
                  sampling: Sampling, generator: torch.Generator | None = None, use_cache: bool = True,
                  static: bool = False, prepack: bool = True, graphs: bool = False, fused: bool = True,
+                 single_thread: bool = True,
                  logits_callback: Callable[[int, torch.Tensor, torch.Tensor | None], None] | None = None) -> int:
     """One token per transformer pass, in order; fills tokens / logprobs (B, N) from n_init on. Returns the pass
     count. Without the cache every pass reruns the whole prefix (the reference the cached path is tested against).
@@ -118,10 +120,13 @@ def plain_decode(model, text_ids: torch.Tensor, tokens: torch.Tensor, logprobs: 
     graph over a static cache (graphs.py; on the CPU the same fixed-shape step, uncaptured). Off by default until it
     has been measured on a GPU (benchmarks/perf/run.py --device cuda). fused: one-token steps through FusedStep
     where the model supports it (fused_step.py; other models and the static cache keep the module path).
+    single_thread: cached passes of few rows run on one thread (threads.py), the caller's count restored after.
     """
     graphs = use_cache and graphs
     dec = Decoder(model, text_ids, sampling, static=static or graphs, extra_len=1 if graphs else 0, fused=fused)
-    with packed_linears(model, rows=dec.batch * dec.repeat, enabled=prepack and use_cache):
+    rows = dec.batch * dec.repeat
+    with packed_linears(model, rows=rows, enabled=prepack and use_cache), \
+            decode_threads(rows, enabled=single_thread and use_cache):
         return _plain_loop(model, dec, tokens, logprobs, n_init, generator, use_cache, logits_callback, graphs)
 
 
