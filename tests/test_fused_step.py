@@ -11,6 +11,7 @@ TINY = dict(dim=32, depth=2, heads=2, dim_head=16, num_text_tokens=50, text_seq_
 TEXT = torch.tensor([[3, 9, 4, 0, 0], [7, 1, 0, 0, 0], [2, 2, 2, 2, 2]])
 SUPPORTED = [dict(), dict(stable=True), dict(sandwich_norm=True), dict(depth=3, shared_attn_ids=(0, 0, 1),
              shared_ff_ids=(0, 1, 1)), dict(share_input_output_emb=True)]
+KINDS = ["linear", "wt"] + (["onednn"] if torch.backends.mkldnn.is_available() else [])
 UNSUPPORTED = [dict(attn_types=("full", "axial_row")), dict(attn_types=("conv_like",)), dict(rotary_emb=True),
                dict(shift_tokens=True)]
 
@@ -34,10 +35,10 @@ def decode(model, sampling, fused):
     return tokens, logprobs
 
 
-@pytest.mark.parametrize("transpose_rows", [0, 64])  # F.linear's view of W, and the contiguous W^T copies
+@pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("options", SUPPORTED)
-def test_fused_step_logits_equal_the_module_step(options, transpose_rows, monkeypatch):
-    monkeypatch.setattr(fused_step, "TRANSPOSE_MAX_ROWS", transpose_rows)
+def test_fused_step_logits_equal_the_module_step(options, kind, monkeypatch):
+    monkeypatch.setattr(fused_step, "PRODUCT_KINDS", ((6, kind),))
     model = opinionated_dalle(**options)
     ids = model._text_ids(TEXT)
     fused, plain = (Decoder(model, ids, Sampling(cond_scale=2.0), fused=f) for f in (True, False))
@@ -51,7 +52,7 @@ def test_fused_step_logits_equal_the_module_step(options, transpose_rows, monkey
             assert a.shape == b.shape == (6, 1, 24)
             torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
     assert fused._fused_step is not None and plain._fused_step is None  # the fused path really ran
-    assert fused._fused_step.layers[0].qkv.transposed == (transpose_rows >= 6)
+    assert fused._fused_step.layers[0].qkv.kind == fused._fused_step.head.kind == kind
 
 
 @pytest.mark.parametrize("sampling", [Sampling(temperature=0.9, top_k=8), Sampling(cond_scale=3.0, top_p=0.9)])
@@ -62,6 +63,20 @@ def test_fused_generation_gives_the_module_path_tokens(options, sampling):
     tokens, lp = decode(model, sampling, fused=True)
     assert torch.equal(tokens, reference)
     torch.testing.assert_close(lp, ref_lp, atol=1e-5, rtol=1e-5)
+
+
+def test_product_kinds_are_chosen_by_row_count(monkeypatch):
+    monkeypatch.setattr(fused_step, "PRODUCT_KINDS", ((4, "wt"), (16, "linear"), (32, "wt")))
+    assert [fused_step.product_kind(r) for r in (1, 4, 5, 16, 17, 32, 33)] == ["wt", "wt", "linear", "linear", "wt",
+                                                                                "wt", "linear"]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_every_product_kind_gives_the_module_path_tokens(kind, monkeypatch):
+    monkeypatch.setattr(fused_step, "PRODUCT_KINDS", ((64, kind),))
+    model = opinionated_dalle()
+    sampling = Sampling(cond_scale=3.0, top_k=8)
+    assert torch.equal(decode(model, sampling, fused=True)[0], decode(model, sampling, fused=False)[0])
 
 
 @pytest.mark.parametrize("options", UNSUPPORTED)

@@ -5,7 +5,7 @@ small ops and a Python module call per LayerNorm / Linear / Attention; the per-o
 dominates (docs/performance.md, "Cached generation: the fused step"). This computes the same function as
 `Transformer.forward` for one new token per row, all rows at the same position, over the growing KVCache:
 - weights gathered once per generation into plain tuples (no module dispatch in the hot loop), optionally as
-  contiguous transposed copies for few-row products (TRANSPOSE_MAX_ROWS);
+  another layout for few-row products (PRODUCT_KINDS: a contiguous W^T copy, or oneDNN-prepacked);
 - keys/values written by index into the KVCache buffers the prefill filled (preallocated to the full length);
 - attention by the same SDPA call the module path makes, so the logits match it to float rounding;
 - residual adds in place.
@@ -24,10 +24,16 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
-# Products of at most this many rows use a contiguous W^T copy (torch.addmm(b, x, Wt)) instead of F.linear's
-# transposed view of W. Measured by benchmarks/perf/step_profile.py --levers transpose (docs/performance.md);
-# 0 turns the copies off.
-TRANSPOSE_MAX_ROWS = 0
+# How a product of a few rows multiplies by a weight, by row count: the first (max_rows, kind) entry with
+# rows <= max_rows applies, F.linear past the last. Kinds: "linear" (F.linear's addmm with a transposed view of W),
+# "wt" (addmm with a contiguous W^T copy), "onednn" (the weight prepacked once per generation for oneDNN's fp32
+# linear; needs mkldnn). Measured by benchmarks/perf/step_profile.py (docs/performance.md).
+PRODUCT_KINDS: tuple[tuple[int, str], ...] = ()
+
+
+def product_kind(rows: int) -> str:
+    kind = next((k for max_rows, k in PRODUCT_KINDS if rows <= max_rows), "linear")
+    return "linear" if kind == "onednn" and not torch.backends.mkldnn.is_available() else kind
 
 
 class _Norm(NamedTuple):
@@ -36,14 +42,22 @@ class _Norm(NamedTuple):
     eps: float
 
 
-class _Product(NamedTuple):
-    weight: torch.Tensor  # (in, out) when transposed, else the Linear's own (out, in)
-    bias: torch.Tensor | None
-    transposed: bool
+class _Product:
+    """x (rows, in) -> x @ W^T + b, with the weight in the layout of `kind` (see PRODUCT_KINDS), made once."""
+
+    def __init__(self, linear, rows: int):
+        self.kind = product_kind(rows)
+        w = linear.weight.detach()
+        self.bias = None if linear.bias is None else linear.bias.detach()
+        if self.kind == "onednn":
+            self.weight = torch.ops.mkldnn._reorder_linear_weight(w, rows)
+        else:
+            self.weight = w.t().contiguous() if self.kind == "wt" else w.t()
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        w = self.weight if self.transposed else self.weight.t()
-        return torch.mm(x, w) if self.bias is None else torch.addmm(self.bias, x, w)
+        if self.kind == "onednn":
+            return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
+        return torch.mm(x, self.weight) if self.bias is None else torch.addmm(self.bias, x, self.weight)
 
 
 class _Layer(NamedTuple):
@@ -69,13 +83,6 @@ def _norm(module) -> _Norm:
     return _Norm(module.weight.detach(), module.bias.detach(), module.eps)
 
 
-def _product(linear, rows: int) -> _Product:
-    transposed = rows <= TRANSPOSE_MAX_ROWS
-    w = linear.weight.detach()
-    return _Product(w.t().contiguous() if transposed else w,
-                    None if linear.bias is None else linear.bias.detach(), transposed)
-
-
 class FusedStep:
     """step(x, pos) for x (rows, dim), the embedded tokens at sequence position pos -> image logits (rows, V).
 
@@ -86,15 +93,15 @@ class FusedStep:
         t = model.transformer
         self.heads, self.dim_head, self.caches = t.heads, t.dim_head, caches
         sandwich = [layer.sandwich_norm for layer in t.layers]
-        self.layers = [_Layer(_norm(b.attn_norm), _product(b.attn.to_qkv, rows), _product(b.attn.to_out, rows),
+        self.layers = [_Layer(_norm(b.attn_norm), _Product(b.attn.to_qkv, rows), _Product(b.attn.to_out, rows),
                               _norm(b.attn_out_norm) if s else None, _norm(b.ff_norm),
-                              _product(b.ff.proj_in, rows), _product(b.ff.proj_out, rows),
+                              _Product(b.ff.proj_in, rows), _Product(b.ff.proj_out, rows),
                               _norm(b.ff_out_norm) if s else None)
                        for b, s in zip(t.layers, sandwich)]
         self.hidden = t.layers[0].ff.proj_out.in_features
         self.final = model._final if model.config.stable else None  # PB-relax rescale before the final norm
         self.final_norm = _norm(model.final_norm)
-        self.head = _product(model.to_image_logits, rows)
+        self.head = _Product(model.to_image_logits, rows)
         self.shape = (model.config.dim,)
 
     def __call__(self, x: torch.Tensor, pos: int) -> torch.Tensor:
