@@ -27,13 +27,19 @@ import torch.nn.functional as F
 # How a product of a few rows multiplies by a weight, by row count: the first (max_rows, kind) entry with
 # rows <= max_rows applies, F.linear past the last. Kinds: "linear" (F.linear's addmm with a transposed view of W),
 # "wt" (addmm with a contiguous W^T copy), "onednn" (the weight prepacked once per generation for oneDNN's fp32
-# linear; needs mkldnn). Measured by benchmarks/perf/step_profile.py (docs/performance.md).
-PRODUCT_KINDS: tuple[tuple[int, str], ...] = ()
+# linear). Chosen by benchmarks/perf/step_profile.py --levers transpose (docs/performance.md): on an AVX2 Zen 3,
+# the 17 products of a step at 4 rows took 3.3 ms with F.linear, 3.0 with W^T copies, 2.4 oneDNN-prepacked; from
+# 8 to 32 rows W^T and oneDNN tie, both ahead of F.linear; at 64 rows all three tie.
+PRODUCT_KINDS: tuple[tuple[int, str], ...] = ((32, "onednn"),)
 
 
-def product_kind(rows: int) -> str:
+def product_kind(rows: int, device: torch.device | str = "cpu") -> str:
+    """The product kind for `rows`-row inputs: the CPU layouts only on the CPU; W^T copies where oneDNN is absent
+    (the next best measured)."""
     kind = next((k for max_rows, k in PRODUCT_KINDS if rows <= max_rows), "linear")
-    return "linear" if kind == "onednn" and not torch.backends.mkldnn.is_available() else kind
+    if torch.device(device).type != "cpu":
+        return "linear"
+    return "wt" if kind == "onednn" and not torch.backends.mkldnn.is_available() else kind
 
 
 class _Norm(NamedTuple):
@@ -46,8 +52,8 @@ class _Product:
     """x (rows, in) -> x @ W^T + b, with the weight in the layout of `kind` (see PRODUCT_KINDS), made once."""
 
     def __init__(self, linear, rows: int):
-        self.kind = product_kind(rows)
         w = linear.weight.detach()
+        self.kind = product_kind(rows, w.device)
         self.bias = None if linear.bias is None else linear.bias.detach()
         if self.kind == "onednn":
             self.weight = torch.ops.mkldnn._reorder_linear_weight(w, rows)
