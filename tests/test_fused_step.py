@@ -95,3 +95,14 @@ def test_training_mode_bf16_autocast_and_static_caches_keep_the_module_path():
         assert not fused_step.fused_supported(model)
     assert not fused_step.fused_supported(model.train())
     assert not fused_step.fused_supported(model.eval().to(torch.bfloat16))
+
+
+def test_a_step_past_the_cache_raises_like_the_module_path():
+    model = opinionated_dalle()
+    for fused in (True, False):
+        dec = Decoder(model, model._text_ids(TEXT), Sampling(), fused=fused)
+        with torch.no_grad():
+            dec.prefill(torch.zeros(3, 0, dtype=torch.long))
+            n = model.config.image_seq_len
+            with pytest.raises(ValueError, match="KV cache overflow"):
+                dec.step(torch.ones(3, 1, dtype=torch.long), torch.full((3, 1), n), at=n)

@@ -104,7 +104,6 @@ class FusedStep:
                               _Product(b.ff.proj_in, rows), _Product(b.ff.proj_out, rows),
                               _norm(b.ff_out_norm) if s else None)
                        for b, s in zip(t.layers, sandwich)]
-        self.hidden = t.layers[0].ff.proj_out.in_features
         self.final = model._final if model.config.stable else None  # PB-relax rescale before the final norm
         self.final_norm = _norm(model.final_norm)
         self.head = _Product(model.to_image_logits, rows)
@@ -112,19 +111,19 @@ class FusedStep:
 
     def __call__(self, x: torch.Tensor, pos: int) -> torch.Tensor:
         rows, heads, d, shape = x.shape[0], self.heads, self.dim_head, self.shape
+        if pos >= self.caches[0].max_len:
+            raise ValueError(f"KV cache overflow: writing position {pos} into a cache of {self.caches[0].max_len}")
         for layer, cache in zip(self.layers, self.caches):
             qkv = layer.qkv(F.layer_norm(x, shape, *layer.attn_norm)).view(rows, 3, heads, d)
             buffer = cache.buffer  # (2, rows, heads, max_len, d), allocated by the prefill
-            if pos >= buffer.shape[3]:
-                raise ValueError(f"KV cache overflow: writing position {pos} into a cache of {buffer.shape[3]}")
             buffer.select(3, pos).copy_(qkv[:, 1:].transpose(0, 1))
             keys_values = buffer.narrow(3, 0, pos + 1)
             attn = F.scaled_dot_product_attention(qkv[:, :1].transpose(1, 2), keys_values[0], keys_values[1])
             out = layer.attn_out(attn.reshape(rows, heads * d))
             x = x + (out if layer.attn_out_norm is None else F.layer_norm(out, shape, *layer.attn_out_norm))
             value_gate = layer.ff_in(F.layer_norm(x, shape, *layer.ff_norm))
-            hidden = value_gate[:, :self.hidden] * F.gelu(value_gate[:, self.hidden:])
-            out = layer.ff_out(hidden)
+            value, gate = value_gate.chunk(2, dim=-1)
+            out = layer.ff_out(value * F.gelu(gate))
             x.add_(out if layer.ff_out_norm is None else F.layer_norm(out, shape, *layer.ff_out_norm))
         if self.final is not None:
             return self.head(self.final(x))
