@@ -9,6 +9,8 @@
   generation  whole 4 x 256 generations (top_k 10, float32, 1 thread): module path, fused with each product kind;
               the tokens of every variant are checked equal to the module path's
   threads     whole generations with 2 threads under OMP_WAIT_POLICY=PASSIVE: decode_threads on vs off
+  attention   one query over 40 / 150 / 288 cached keys (4 rows x 8 heads): SDPA vs baddbmm + softmax + bmm
+  profile     torch.profiler over one default generation: self CPU time of the costliest ops, and the total
 Variants alternate within each round; the results file (benchmarks/perf/results/) records the command, config,
 commit, load average and every raw value (wall and CPU seconds). On a shared machine read neighbouring ratios.
 """
@@ -114,7 +116,38 @@ def lever_threads(results, rounds):
                                     "single_thread_on": (None, dict(single_thread=True))}, rounds, threads=2)
 
 
-LEVERS = dict(step=lever_step, transpose=lever_transpose, generation=lever_generation, threads=lever_threads)
+def lever_attention(results, rounds):
+    buffer, qkv = torch.randn(2, BATCH, 8, 289, 32), torch.randn(BATCH, 3, 8, 32)
+    q = qkv[:, :1].transpose(1, 2)
+    for n in (40, 150, 288):
+        kv = buffer.narrow(3, 0, n)
+
+        def explicit():
+            scores = torch.baddbmm(torch.empty(BATCH * 8, 1, n), qkv[:, 0].reshape(BATCH * 8, 1, 32),
+                                   kv[0].reshape(BATCH * 8, n, 32).transpose(1, 2), beta=0, alpha=32 ** -0.5)
+            return torch.bmm(scores.softmax(-1), kv[1].reshape(BATCH * 8, n, 32))
+
+        results[f"attention/keys{n}/sdpa/cpu_us"] = cpu_us(
+            lambda: torch.nn.functional.scaled_dot_product_attention(q, kv[0], kv[1]), 300, rounds)
+        results[f"attention/keys{n}/baddbmm_softmax_bmm/cpu_us"] = cpu_us(explicit, 300, rounds)
+
+
+def lever_profile(results, rounds):
+    from torch.profiler import profile
+
+    model, text = reference_model()
+    generate(model, text)
+    with profile() as prof:
+        generate(model, text)
+    events = sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total)
+    results["profile/total_self_cpu_ms"] = [sum(e.self_cpu_time_total for e in events) / 1e3]
+    for e in events[:12]:
+        results[f"profile/{e.key}/self_cpu_ms"] = [e.self_cpu_time_total / 1e3]
+        results[f"profile/{e.key}/calls"] = [float(e.count)]
+
+
+LEVERS = dict(step=lever_step, transpose=lever_transpose, generation=lever_generation, threads=lever_threads,
+              attention=lever_attention, profile=lever_profile)
 
 
 def main(argv=None) -> int:
