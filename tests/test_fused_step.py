@@ -3,7 +3,7 @@ the same sampled tokens, for every option it supports; the options it does not s
 import pytest
 import torch
 
-from dalle_lab.model import DALLE, fused_step
+from dalle_lab.model import DALLE, fused_step, linear
 from dalle_lab.model.decoding import Decoder, Sampling, plain_decode
 
 TINY = dict(dim=32, depth=2, heads=2, dim_head=16, num_text_tokens=50, text_seq_len=5, num_image_tokens=24,
@@ -38,7 +38,7 @@ def decode(model, sampling, fused):
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("options", SUPPORTED)
 def test_fused_step_logits_equal_the_module_step(options, kind, monkeypatch):
-    monkeypatch.setattr(fused_step, "PRODUCT_KINDS", ((6, kind),))
+    monkeypatch.setattr(linear, "PRODUCT_KINDS", ((6, kind),))
     model = opinionated_dalle(**options)
     ids = model._text_ids(TEXT)
     fused, plain = (Decoder(model, ids, Sampling(cond_scale=2.0), fused=f) for f in (True, False))
@@ -66,14 +66,14 @@ def test_fused_generation_gives_the_module_path_tokens(options, sampling):
 
 
 def test_product_kinds_are_chosen_by_row_count(monkeypatch):
-    monkeypatch.setattr(fused_step, "PRODUCT_KINDS", ((4, "wt"), (16, "linear"), (32, "wt")))
-    assert [fused_step.product_kind(r) for r in (1, 4, 5, 16, 17, 32, 33)] == ["wt", "wt", "linear", "linear", "wt",
+    monkeypatch.setattr(linear, "PRODUCT_KINDS", ((4, "wt"), (16, "linear"), (32, "wt")))
+    assert [linear.product_kind(r) for r in (1, 4, 5, 16, 17, 32, 33)] == ["wt", "wt", "linear", "linear", "wt",
                                                                                 "wt", "linear"]
 
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_every_product_kind_gives_the_module_path_tokens(kind, monkeypatch):
-    monkeypatch.setattr(fused_step, "PRODUCT_KINDS", ((64, kind),))
+    monkeypatch.setattr(linear, "PRODUCT_KINDS", ((64, kind),))
     model = opinionated_dalle()
     sampling = Sampling(cond_scale=3.0, top_k=8)
     assert torch.equal(decode(model, sampling, fused=True)[0], decode(model, sampling, fused=False)[0])

@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/perf/step_profile.py [--levers step transpose generation threads] [--rounds 3]
 
   step        one cached decode pass (4 rows, position 150): the module path vs FusedStep with each product kind
-              (fused_step.PRODUCT_KINDS: F.linear's layout, a contiguous W^T copy, oneDNN-prepacked)
+              (linear.PRODUCT_KINDS: F.linear's layout, a contiguous W^T copy, oneDNN-prepacked)
   transpose   the 17 weight products of a step, F.linear (W viewed transposed) vs torch.addmm(b, x, Wt) with a
               contiguous W^T vs oneDNN's prepacked fp32 linear, for 4..128 rows
   generation  whole 4 x 256 generations (top_k 10, float32, 1 thread): module path, fused with each product kind;
@@ -33,12 +33,12 @@ from backends import REFERENCE  # noqa: E402
 from decode_levers import cpu_us, loadavg  # noqa: E402
 from results_file import git_commit, write_results  # noqa: E402
 
-from dalle_lab.model import DALLE, fused_step  # noqa: E402
+from dalle_lab.model import DALLE, linear  # noqa: E402
 from dalle_lab.model.decoding import Decoder, Sampling, plain_decode  # noqa: E402
 
 BATCH, TOP_K = 4, 10
 KINDS = ("linear", "wt", "onednn")
-DEFAULT_KINDS = fused_step.PRODUCT_KINDS  # the committed choice, restored after each lever
+DEFAULT_KINDS = linear.PRODUCT_KINDS  # the committed choice, restored after each lever
 
 
 def reference_model():
@@ -50,13 +50,13 @@ def lever_step(results, rounds):
     model, text = reference_model()
     variants = {"module": (False, "linear"), **{f"fused_{kind}": (True, kind) for kind in KINDS}}
     for name, (fused, kind) in variants.items():
-        fused_step.PRODUCT_KINDS = ((64, kind),)
+        linear.PRODUCT_KINDS = ((64, kind),)
         dec = Decoder(model, model._text_ids(text), Sampling(top_k=TOP_K), fused=fused)
         with torch.no_grad():
             dec.prefill(text[:, :0])
             tokens, index = torch.randint(0, 512, (BATCH, 1)), torch.full((BATCH, 1), 150)
             results[f"step/{name}/cpu_us"] = cpu_us(lambda: dec.step(tokens, index, at=150), 200, rounds)
-    fused_step.PRODUCT_KINDS = DEFAULT_KINDS
+    linear.PRODUCT_KINDS = DEFAULT_KINDS
 
 
 def lever_transpose(results, rounds):
@@ -94,14 +94,14 @@ def alternate(results, prefix, variants, rounds, threads):
     reference = None
     for r in range(rounds + 1):  # round 0 warms up and is not recorded
         for name, (kind, kw) in variants.items():
-            fused_step.PRODUCT_KINDS = DEFAULT_KINDS if kind is None else ((64, kind),)
+            linear.PRODUCT_KINDS = DEFAULT_KINDS if kind is None else ((64, kind),)
             tokens, wall, cpu = generate(model, text, **kw)
             reference = tokens if reference is None else reference
             results.setdefault(f"{prefix}/{name}/tokens_equal_module", []).append(bool(torch.equal(tokens, reference)))
             if r:
                 results.setdefault(f"{prefix}/{name}/wall_s", []).append(wall)
                 results.setdefault(f"{prefix}/{name}/cpu_s", []).append(cpu)
-    fused_step.PRODUCT_KINDS = DEFAULT_KINDS
+    linear.PRODUCT_KINDS = DEFAULT_KINDS
     torch.set_num_threads(1)
 
 

@@ -5,7 +5,7 @@ small ops and a Python module call per LayerNorm / Linear / Attention; the per-o
 dominates (docs/performance.md, "Cached generation: the fused step"). This computes the same function as
 `Transformer.forward` for one new token per row, all rows at the same position, over the growing KVCache:
 - weights gathered once per generation into plain tuples (no module dispatch in the hot loop), optionally as
-  another layout for few-row products (PRODUCT_KINDS: a contiguous W^T copy, or oneDNN-prepacked);
+  the layout linear.PRODUCT_KINDS picks for few-row products (oneDNN-prepacked up to 32 rows);
 - keys/values written by index into the KVCache buffers the prefill filled (preallocated to the full length);
 - attention by the same SDPA call the module path makes, so the logits match it to float rounding;
 - residual adds in place.
@@ -24,46 +24,13 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
-# How a product of a few rows multiplies by a weight, by row count: the first (max_rows, kind) entry with
-# rows <= max_rows applies, F.linear past the last. Kinds: "linear" (F.linear's addmm with a transposed view of W),
-# "wt" (addmm with a contiguous W^T copy), "onednn" (the weight prepacked once per generation for oneDNN's fp32
-# linear). Chosen by benchmarks/perf/step_profile.py --levers transpose (docs/performance.md): on an AVX2 Zen 3,
-# the 17 products of a step at 4 rows took 3.3 ms with F.linear, 3.0 with W^T copies, 2.4 oneDNN-prepacked; from
-# 8 to 32 rows W^T and oneDNN tie, both ahead of F.linear; at 64 rows all three tie.
-PRODUCT_KINDS: tuple[tuple[int, str], ...] = ((32, "onednn"),)
-
-
-def product_kind(rows: int, device: torch.device | str = "cpu") -> str:
-    """The product kind for `rows`-row inputs: the CPU layouts only on the CPU; W^T copies where oneDNN is absent
-    (the next best measured)."""
-    kind = next((k for max_rows, k in PRODUCT_KINDS if rows <= max_rows), "linear")
-    if torch.device(device).type != "cpu":
-        return "linear"
-    return "wt" if kind == "onednn" and not torch.backends.mkldnn.is_available() else kind
+from .linear import FewRowProduct as _Product
 
 
 class _Norm(NamedTuple):
     weight: torch.Tensor
     bias: torch.Tensor
     eps: float
-
-
-class _Product:
-    """x (rows, in) -> x @ W^T + b, with the weight in the layout of `kind` (see PRODUCT_KINDS), made once."""
-
-    def __init__(self, linear, rows: int):
-        w = linear.weight.detach()
-        self.kind = product_kind(rows, w.device)
-        self.bias = None if linear.bias is None else linear.bias.detach()
-        if self.kind == "onednn":
-            self.weight = torch.ops.mkldnn._reorder_linear_weight(w, rows)
-        else:
-            self.weight = w.t().contiguous() if self.kind == "wt" else w.t()
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if self.kind == "onednn":
-            return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
-        return torch.mm(x, self.weight) if self.bias is None else torch.addmm(self.bias, x, self.weight)
 
 
 class _Layer(NamedTuple):
