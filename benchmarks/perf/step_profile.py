@@ -6,8 +6,9 @@
               (linear.PRODUCT_KINDS: F.linear's layout, a contiguous W^T copy, oneDNN-prepacked)
   transpose   the 17 weight products of a step, F.linear (W viewed transposed) vs torch.addmm(b, x, Wt) with a
               contiguous W^T vs oneDNN's prepacked fp32 linear, for 4..128 rows
-  generation  whole 4 x 256 generations (top_k 10, float32, 1 thread): module path, fused with each product kind;
-              the tokens of every variant are checked equal to the module path's
+  generation  whole 4 x 256 generations (top_k 10, float32, 1 thread): the module path with F.linear and with
+              oneDNN-prepacked products (packed_linears), fused with each product kind; the tokens of every variant
+              are checked equal to the first's
   threads     whole generations with 2 threads under OMP_WAIT_POLICY=PASSIVE: decode_threads on vs off
   attention   one query over 40 / 150 / 288 cached keys (4 rows x 8 heads): SDPA vs baddbmm + softmax + bmm
   profile     torch.profiler over one default generation: self CPU time of the costliest ops, and the total
@@ -97,7 +98,7 @@ def alternate(results, prefix, variants, rounds, threads):
             linear.PRODUCT_KINDS = DEFAULT_KINDS if kind is None else ((64, kind),)
             tokens, wall, cpu = generate(model, text, **kw)
             reference = tokens if reference is None else reference
-            results.setdefault(f"{prefix}/{name}/tokens_equal_module", []).append(bool(torch.equal(tokens, reference)))
+            results.setdefault(f"{prefix}/{name}/tokens_equal_first", []).append(bool(torch.equal(tokens, reference)))
             if r:
                 results.setdefault(f"{prefix}/{name}/wall_s", []).append(wall)
                 results.setdefault(f"{prefix}/{name}/cpu_s", []).append(cpu)
@@ -106,7 +107,7 @@ def alternate(results, prefix, variants, rounds, threads):
 
 
 def lever_generation(results, rounds):
-    alternate(results, "generation", {"module": (None, dict(fused=False)),
+    alternate(results, "generation", {**{f"module_{kind}": (kind, dict(fused=False)) for kind in ("linear", "onednn")},
                                       **{f"fused_{kind}": (kind, dict(fused=True)) for kind in KINDS}},
               rounds, threads=1)
 
