@@ -5,6 +5,7 @@ import torch
 
 from dalle_lab.model import DALLE, fused_step, linear
 from dalle_lab.model.decoding import Decoder, Sampling, plain_decode
+from dalle_lab.model.linear import packed_linears
 
 TINY = dict(dim=32, depth=2, heads=2, dim_head=16, num_text_tokens=50, text_seq_len=5, num_image_tokens=24,
             image_fmap_size=4, null_cond_prob=0.0)
@@ -26,12 +27,12 @@ def opinionated_dalle(**overrides):
     return model
 
 
-def decode(model, sampling, fused):
+def decode(model, sampling, fused, prepack=True):
     tokens = torch.zeros(TEXT.shape[0], model.config.image_seq_len, dtype=torch.long)
     logprobs = torch.zeros(tokens.shape)
     with torch.no_grad():
         plain_decode(model, model._text_ids(TEXT), tokens, logprobs, 0, sampling, torch.Generator().manual_seed(0),
-                     fused=fused)
+                     fused=fused, prepack=prepack)
     return tokens, logprobs
 
 
@@ -42,7 +43,7 @@ def test_fused_step_logits_equal_the_module_step(options, kind, monkeypatch):
     model = opinionated_dalle(**options)
     ids = model._text_ids(TEXT)
     fused, plain = (Decoder(model, ids, Sampling(cond_scale=2.0), fused=f) for f in (True, False))
-    with torch.no_grad():
+    with torch.no_grad(), packed_linears(model, rows=6):
         prime = torch.zeros(3, 0, dtype=torch.long)
         torch.testing.assert_close(fused.prefill(prime), plain.prefill(prime))
         for i in range(model.config.image_seq_len - 1):
@@ -79,6 +80,18 @@ def test_every_product_kind_gives_the_module_path_tokens(kind, monkeypatch):
     assert torch.equal(decode(model, sampling, fused=True)[0], decode(model, sampling, fused=False)[0])
 
 
+def test_without_packing_the_fused_step_multiplies_as_f_linear(monkeypatch):
+    monkeypatch.setattr(linear, "PRODUCT_KINDS", ((64, "wt"),))
+    model = opinionated_dalle()
+    with torch.no_grad():
+        dec = Decoder(model, model._text_ids(TEXT), Sampling(), fused=True)
+        dec.prefill(torch.zeros(3, 0, dtype=torch.long))
+        dec.step(torch.ones(3, 1, dtype=torch.long), torch.zeros(3, 1, dtype=torch.long), at=0)
+    assert dec._fused_step.head.kind == dec._fused_step.layers[0].ff_in.kind == "linear"
+    unpacked, _ = decode(model, Sampling(top_k=8), fused=True, prepack=False)
+    assert torch.equal(unpacked, decode(model, Sampling(top_k=8), fused=False, prepack=False)[0])
+
+
 @pytest.mark.parametrize("options", UNSUPPORTED)
 def test_unsupported_options_keep_the_module_path(options):
     model = opinionated_dalle(**options)
@@ -106,3 +119,17 @@ def test_a_step_past_the_cache_raises_like_the_module_path():
             n = model.config.image_seq_len
             with pytest.raises(ValueError, match="KV cache overflow"):
                 dec.step(torch.ones(3, 1, dtype=torch.long), torch.full((3, 1), n), at=n)
+
+
+def test_generate_images_runs_the_fused_step_with_the_packed_product_kinds(monkeypatch):
+    built, init = [], fused_step.FusedStep.__init__
+
+    def spy(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        built.append({p.kind for layer in self.layers for p in (layer.qkv, layer.attn_out, layer.ff_in, layer.ff_out)}
+                     | {self.head.kind})
+
+    monkeypatch.setattr(fused_step.FusedStep, "__init__", spy)
+    model = opinionated_dalle()
+    model.generate_images(TEXT, return_tokens=True, speculative=False)
+    assert built == [{linear.product_kind(3)}]

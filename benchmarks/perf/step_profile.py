@@ -53,7 +53,7 @@ def lever_step(results, rounds):
     for name, (fused, kind) in variants.items():
         linear.PRODUCT_KINDS = ((64, kind),)
         dec = Decoder(model, model._text_ids(text), Sampling(top_k=TOP_K), fused=fused)
-        with torch.no_grad():
+        with torch.no_grad(), linear.packed_linears(model, rows=BATCH):
             dec.prefill(text[:, :0])
             tokens, index = torch.randint(0, 512, (BATCH, 1)), torch.full((BATCH, 1), 150)
             results[f"step/{name}/cpu_us"] = cpu_us(lambda: dec.step(tokens, index, at=150), 200, rounds)

@@ -1,11 +1,13 @@
 """A fused one-token decode step: every layer, the final norm and the image head, in the fewest torch ops.
 
 Why: at batch 4 a cached step through the modules is small arithmetic (about 37 MFLOP) behind about a hundred
-small ops and a Python module call per LayerNorm / Linear / Attention; the per-op overhead, not the products,
-dominates (docs/performance.md, "Cached generation: the fused step"). This computes the same function as
-`Transformer.forward` for one new token per row, all rows at the same position, over the growing KVCache:
-- weights gathered once per generation into plain tuples (no module dispatch in the hot loop), optionally as
-  the layout linear.PRODUCT_KINDS picks for few-row products (oneDNN-prepacked up to 32 rows);
+small ops and a Python module call per LayerNorm / Linear / Attention; on an AVX2 Zen 3 this step does the same
+work in about 0.8 of the module path's time with the same products (docs/performance.md, "Cached generation on an
+AVX2 Zen 3"). It computes the same function as `Transformer.forward` for one new token per row, all rows at the
+same position, over the growing KVCache:
+- weights gathered once per generation into plain tuples (no module dispatch in the hot loop); inside
+  linear.packed_linears they are laid out as linear.PRODUCT_KINDS says for few-row products (oneDNN-prepacked up
+  to 32 rows), as the module path would multiply them, otherwise used as F.linear uses them;
 - keys/values written by index into the KVCache buffers the prefill filled (preallocated to the full length);
 - attention by the same SDPA call the module path makes, so the logits match it to float rounding;
 - residual adds in place.
@@ -56,6 +58,11 @@ def _norm(module) -> _Norm:
     return _Norm(module.weight.detach(), module.bias.detach(), module.eps)
 
 
+def _product(linear, rows: int) -> _Product:
+    """The Linear's product for `rows` rows: packed as packed_linears packed it, or in F.linear's layout."""
+    return _Product(linear, rows, kind=None if getattr(linear, "packed", None) is not None else "linear")
+
+
 class FusedStep:
     """step(x, pos) for x (rows, dim), the embedded tokens at sequence position pos -> image logits (rows, V).
 
@@ -66,14 +73,14 @@ class FusedStep:
         t = model.transformer
         self.heads, self.dim_head, self.caches = t.heads, t.dim_head, caches
         sandwich = [layer.sandwich_norm for layer in t.layers]
-        self.layers = [_Layer(_norm(b.attn_norm), _Product(b.attn.to_qkv, rows), _Product(b.attn.to_out, rows),
+        self.layers = [_Layer(_norm(b.attn_norm), _product(b.attn.to_qkv, rows), _product(b.attn.to_out, rows),
                               _norm(b.attn_out_norm) if s else None, _norm(b.ff_norm),
-                              _Product(b.ff.proj_in, rows), _Product(b.ff.proj_out, rows),
+                              _product(b.ff.proj_in, rows), _product(b.ff.proj_out, rows),
                               _norm(b.ff_out_norm) if s else None)
                        for b, s in zip(t.layers, sandwich)]
         self.final = model._final if model.config.stable else None  # PB-relax rescale before the final norm
         self.final_norm = _norm(model.final_norm)
-        self.head = _Product(model.to_image_logits, rows)
+        self.head = _product(model.to_image_logits, rows)
         self.shape = (model.config.dim,)
 
     def __call__(self, x: torch.Tensor, pos: int) -> torch.Tensor:

@@ -43,11 +43,12 @@ def product_kind(rows: int, device: torch.device | str = "cpu") -> str:
 
 
 class FewRowProduct:
-    """x (rows, in) -> x @ W^T + b in float32, with the weight laid out once as product_kind(rows) says."""
+    """x (rows, in) -> x @ W^T + b in float32, with the weight laid out once as product_kind(rows) says (or as
+    `kind` says)."""
 
-    def __init__(self, linear: nn.Linear, rows: int):
+    def __init__(self, linear: nn.Linear, rows: int, kind: str | None = None):
         w = linear.weight.detach()
-        self.kind = product_kind(rows, w.device)
+        self.kind = product_kind(rows, w.device) if kind is None else kind
         self.bias = None if linear.bias is None else linear.bias.detach()
         if self.kind == "onednn":
             self.weight = torch.ops.mkldnn._reorder_linear_weight(w, rows)
