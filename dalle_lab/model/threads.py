@@ -2,10 +2,11 @@
 
 A cached decode step at small batch is many tiny ops; with several threads each op wakes the OpenMP team, and under
 OMP_WAIT_POLICY=PASSIVE (what run.py and a shared machine want) every wake-up is a futex round trip that costs more
-than the op's own arithmetic. Measured at 4 rows with 2 threads on a shared 2-core machine: a third less CPU
-time per generation on one thread (docs/performance.md, benchmarks/perf/step_profile.py --levers threads). The
-64-row bound was the issue's suggestion, not a measured crossover: re-measure it on an idle machine. torch.set_num_threads is process-wide: a program that decodes from several Python threads at
-once should pass single_thread=False.
+than the op's own arithmetic. Measured at 4 rows with 2 threads on a shared 2-core machine: about a quarter less
+CPU time per generation on one thread (docs/performance.md, benchmarks/perf/step_profile.py --levers threads).
+The 64-row bound was the issue's suggestion, not a measured crossover: re-measure it on an idle machine.
+torch.set_num_threads is process-wide: a program that decodes from several Python threads at once should pass
+single_thread=False.
 """
 from __future__ import annotations
 
