@@ -40,7 +40,7 @@ TEXT = torch.tensor([[3, 9, 4, 0, 0], [7, 1, 0, 0, 0], [2, 2, 2, 2, 2]])
 @pytest.mark.parametrize("variant", [dict(prepack=True), dict(static=True, prepack=False),
                                      dict(static=True, prepack=True)])
 def test_fast_paths_give_the_plain_cached_tokens_in_float32(sampling, variant, monkeypatch):
-    monkeypatch.setattr(linear, "PACK_FLOAT32", True)  # exercise float32 packing whatever its default
+    monkeypatch.setattr(linear, "PRODUCT_KINDS", ((64, "onednn"),))  # exercise float32 packing whatever its default
     model = opinionated_dalle()
     reference, ref_lp = decode(model, TEXT, sampling=sampling, prepack=False)
     tokens, lp = decode(model, TEXT, sampling=sampling, **variant)
@@ -79,14 +79,17 @@ def test_packed_bfloat16_linear_is_bit_identical_to_f_linear():
 
 
 @needs_packing
-def test_packed_float32_linear_matches_f_linear_and_falls_back_for_other_row_counts(monkeypatch):
-    monkeypatch.setattr(linear, "PACK_FLOAT32", True)
+@pytest.mark.parametrize("kind", ["onednn", "wt"])
+def test_packed_float32_linear_matches_f_linear_and_falls_back_for_other_row_counts(kind, monkeypatch):
+    monkeypatch.setattr(linear, "PRODUCT_KINDS", ((8, kind),))
     torch.manual_seed(0)
     layer = Linear(64, 96, bias=False)
     with torch.no_grad(), packed_linears(layer, rows=4):
         x = torch.randn(4, 64)
         torch.testing.assert_close(layer(x), F.linear(x, layer.weight), atol=1e-5, rtol=1e-5)
-        assert layer.packed.fp32 is not None  # the packed kernel ran (a bias-free layer gets a zero bias)
+        assert layer.packed.fp32.kind == kind  # the packed kernel ran
+        x3 = torch.randn(2, 2, 64)  # the module path's (batch, tokens, dim) inputs
+        torch.testing.assert_close(layer(x3), F.linear(x3, layer.weight), atol=1e-5, rtol=1e-5)
         x7 = torch.randn(7, 64)
         assert torch.equal(layer(x7), F.linear(x7, layer.weight))
 

@@ -3,15 +3,16 @@
 During cached generation every layer multiplies only a handful of rows (batch size, or batch x window for
 speculative decoding) by its weight, and the CPU GEMM behind F.linear reorders the whole weight into its blocked
 layout on every call. Packing each weight once per generation (`packed_linears`) removes that work:
-- float32: MKL's packed GEMM (the weight packed for the step's row count; other row counts use F.linear), only
-  when PACK_FLOAT32 is set (off: not shown to pay, see below);
+- float32: the layout PRODUCT_KINDS picks for the step's row count (a weight prepacked for oneDNN's fp32 linear up
+  to 32 rows; other row counts use F.linear); the fused decode step (fused_step.py) multiplies the same way;
 - bfloat16 (under CPU autocast, or a bf16 model): oneDNN's prepacked linear, which runs on AMX / avx512_bf16 where
   the CPU has them, and gives bit-identical results to F.linear in bfloat16 (it is the same kernel, minus the
   reorder; autocast's per-call float32 -> bfloat16 weight copy goes away too).
 What each kernel costs is in docs/performance.md (benchmarks/perf/decode_levers.py): bf16 prepacked is the clear
 gain (the 16 products of a reference step at 4 rows 2.39 -> 1.42 ms, at 20 rows 3.00 -> 1.82 ms); float32
-packing is worth little or nothing under heavy load (2.52 -> 2.69 ms at load 19). The transposed product
-W @ x^T this class used before was slowest on this Xeon (3.86 ms) and is gone.
+packing did not pay on the Zen 4 machine at load 19 (MKL packed 2.52 -> 2.69 ms) but oneDNN-prepacked fp32 did on
+an AVX2 Zen 3 (3.05 -> 2.26 ms for the 17 products at 4 rows, benchmarks/perf/step_profile.py). The transposed
+product W @ x^T this class used before was slowest on the Xeon (3.86 ms) and is gone.
 Same parameters and state_dict keys as nn.Linear, so it is a drop-in replacement; packing never changes them.
 """
 from __future__ import annotations
@@ -23,10 +24,41 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-# Whether float32 products use MKL's packed GEMM inside packed_linears (bfloat16 always uses oneDNN's prepacked
-# weights). Off: at the load it was measured under it did not pay (docs/performance.md); re-measure on an idle
-# machine with benchmarks/perf/decode_levers.py --levers products step and turn it on if it does.
-PACK_FLOAT32 = False
+# How a float32 product of a few rows multiplies by a weight, by row count: the first (max_rows, kind) entry with
+# rows <= max_rows applies, F.linear past the last. Kinds: "linear" (F.linear's addmm with a transposed view of W),
+# "wt" (addmm with a contiguous W^T copy), "onednn" (the weight prepacked once per generation for oneDNN's fp32
+# linear). Chosen by benchmarks/perf/step_profile.py --levers transpose generation (docs/performance.md): on an
+# AVX2 Zen 3 the 17 products of a step at 4 rows took 3.05 ms with F.linear, 1.99-2.98 with W^T copies, 2.26-2.44
+# oneDNN-prepacked; whole generations with oneDNN beat W^T in 6 of 6 paired rounds; at 64 rows all three tie.
+PRODUCT_KINDS: tuple[tuple[int, str], ...] = ((32, "onednn"),)
+
+
+def product_kind(rows: int, device: torch.device | str = "cpu") -> str:
+    """The float32 product kind for `rows`-row inputs: the CPU layouts only on the CPU; W^T copies where oneDNN is
+    absent (the next best measured)."""
+    kind = next((k for max_rows, k in PRODUCT_KINDS if rows <= max_rows), "linear")
+    if torch.device(device).type != "cpu":
+        return "linear"
+    return "wt" if kind == "onednn" and not torch.backends.mkldnn.is_available() else kind
+
+
+class FewRowProduct:
+    """x (rows, in) -> x @ W^T + b in float32, with the weight laid out once as product_kind(rows) says (or as
+    `kind` says)."""
+
+    def __init__(self, linear: nn.Linear, rows: int, kind: str | None = None):
+        w = linear.weight.detach()
+        self.kind = product_kind(rows, w.device) if kind is None else kind
+        self.bias = None if linear.bias is None else linear.bias.detach()
+        if self.kind == "onednn":
+            self.weight = torch.ops.mkldnn._reorder_linear_weight(w, rows)
+        else:
+            self.weight = w.t().contiguous() if self.kind == "wt" else w.t()
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.kind == "onednn":
+            return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
+        return torch.mm(x, self.weight) if self.bias is None else torch.addmm(self.bias, x, self.weight)
 
 
 class PackedWeight:
@@ -48,11 +80,11 @@ class PackedWeight:
                              None if b is None else b.detach().to(torch.bfloat16))
             return torch.ops.mkldnn._linear_pointwise(x, self.bf16[0], self.bf16[1], "none", [], "")
         rows = x.numel() // x.shape[-1]
-        if PACK_FLOAT32 and x.dtype == torch.float32 and w.dtype == torch.float32 and rows == self.rows:
+        if x.dtype == torch.float32 and w.dtype == torch.float32 and rows == self.rows:
             if self.fp32 is None:
-                self.fp32 = (torch.ops.mkl._mkl_reorder_linear_weight(w.detach(), self.rows),
-                             w.new_zeros(w.shape[0]) if b is None else b.detach())
-            return torch.ops.mkl._mkl_linear(x, self.fp32[0], w.detach(), self.fp32[1], self.rows)
+                self.fp32 = FewRowProduct(self.linear, self.rows)
+            if self.fp32.kind != "linear":
+                return self.fp32(x.reshape(rows, x.shape[-1])).view(*x.shape[:-1], -1)
         return None
 
 

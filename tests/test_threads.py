@@ -1,0 +1,47 @@
+"""decode_threads: one thread for few-row decoding, the caller's count restored afterwards, errors included."""
+import pytest
+import torch
+
+from dalle_lab.model import threads
+from dalle_lab.model.threads import decode_threads
+
+
+@pytest.fixture
+def two_threads():
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(before)
+
+
+def test_few_rows_run_on_one_thread_and_the_count_is_restored(two_threads):
+    with decode_threads(rows=4):
+        assert torch.get_num_threads() == 1
+    assert torch.get_num_threads() == 2
+
+
+def test_the_count_is_restored_when_the_block_raises(two_threads):
+    with pytest.raises(RuntimeError, match="boom"):
+        with decode_threads(rows=4):
+            assert torch.get_num_threads() == 1
+            raise RuntimeError("boom")
+    assert torch.get_num_threads() == 2
+
+
+def test_many_rows_or_disabled_keep_the_thread_count(two_threads):
+    with decode_threads(rows=threads.SINGLE_THREAD_MAX_ROWS):
+        assert torch.get_num_threads() == 2
+    with decode_threads(rows=4, enabled=False):
+        assert torch.get_num_threads() == 2
+
+
+def test_generation_restores_the_thread_count(two_threads):
+    from dalle_lab.model import DALLE
+
+    model = DALLE(dim=32, depth=1, heads=2, dim_head=16, num_text_tokens=50, text_seq_len=5, num_image_tokens=24,
+                  image_fmap_size=2).eval()
+    seen = []
+    model.generate_images(torch.ones(2, 5, dtype=torch.long), return_tokens=True,
+                          logits_callback=lambda i, cond, uncond: seen.append(torch.get_num_threads()))
+    assert seen == [1] * 4  # the cached passes ran on one thread
+    assert torch.get_num_threads() == 2
