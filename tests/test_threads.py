@@ -45,3 +45,22 @@ def test_generation_restores_the_thread_count(two_threads):
                           logits_callback=lambda i, cond, uncond: seen.append(torch.get_num_threads()))
     assert seen == [1] * 4  # the cached passes ran on one thread
     assert torch.get_num_threads() == 2
+
+
+def test_speculative_window_passes_run_on_one_thread(two_threads, monkeypatch):
+    from dalle_lab.model import DALLE
+    from dalle_lab.model.decoding import Decoder
+
+    model = DALLE(dim=32, depth=1, heads=2, dim_head=16, num_text_tokens=50, text_seq_len=5, num_image_tokens=24,
+                  image_fmap_size=2).eval()
+    seen = []
+    step = Decoder.step
+
+    def recording_step(self, *args, **kwargs):
+        seen.append(torch.get_num_threads())
+        return step(self, *args, **kwargs)
+
+    monkeypatch.setattr(Decoder, "step", recording_step)
+    model.generate_images(torch.ones(2, 5, dtype=torch.long), return_tokens=True, speculative=True)
+    assert seen and set(seen) == {1}
+    assert torch.get_num_threads() == 2

@@ -30,6 +30,7 @@ from ..sampling import draw
 from .decoding import Decoder, Sampling
 from .graphs import GraphedStep
 from .linear import packed_linears
+from .threads import decode_threads
 
 DEFAULT_WINDOW = 8
 
@@ -63,14 +64,17 @@ def residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
 
 def speculative_decode(model, text_ids: torch.Tensor, tokens: torch.Tensor, logprobs: torch.Tensor, n_init: int,
                        sampling: Sampling, generator: torch.Generator | None = None,
-                       window: int = DEFAULT_WINDOW, prepack: bool = True, graphs: bool = False) -> int:
+                       window: int = DEFAULT_WINDOW, prepack: bool = True, graphs: bool = False,
+                       single_thread: bool = True) -> int:
     """Fill tokens / logprobs (B, N) from n_init on, W = window drafts per row and pass. Returns the pass count.
     prepack: multiply with weights packed once for the window's rows (linear.py); graphs: replay the window pass
-    as a CUDA graph (graphs.py)."""
+    as a CUDA graph (graphs.py); single_thread: window passes of few rows run on one thread, as plain decoding's
+    steps do (threads.py)."""
     if window < 1:
         raise ValueError(f"speculative window must be >= 1, got {window}")
     dec = Decoder(model, text_ids, sampling, static=True, extra_len=2 * window + 2)
-    with packed_linears(model, rows=dec.batch * dec.repeat * (window + 1), enabled=prepack):
+    rows = dec.batch * dec.repeat * (window + 1)
+    with packed_linears(model, rows=rows, enabled=prepack), decode_threads(rows, enabled=single_thread):
         return _speculative_loop(dec, tokens, logprobs, n_init, generator, window, graphs)
 
 
