@@ -4,24 +4,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from dalle_lab.model import DALLE
 from dalle_lab.model.decoding import Decoder, Sampling, plain_decode
 from dalle_lab.model import linear
 from dalle_lab.model.linear import Linear, packed_linears, packing_available
 
-TINY = dict(dim=32, depth=2, heads=2, dim_head=16, num_text_tokens=50, text_seq_len=5, num_image_tokens=24,
-            image_fmap_size=4, null_cond_prob=0.0)
+from tiny_models import opinionated_dalle
+
 needs_packing = pytest.mark.skipif(not packing_available(), reason="this torch build has no MKL / oneDNN")
-
-
-def opinionated_dalle(seed=0):
-    torch.manual_seed(seed)
-    model = DALLE(**TINY).eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() > 1:
-                p.normal_(0, 0.3)
-    return model
 
 
 def decode(model, text, seed=0, sampling=Sampling(temperature=0.9, top_k=8), **kw):

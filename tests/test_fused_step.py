@@ -3,28 +3,18 @@ the same sampled tokens, for every option it supports; the options it does not s
 import pytest
 import torch
 
-from dalle_lab.model import DALLE, fused_step, linear
+from dalle_lab.model import fused_step, linear
 from dalle_lab.model.decoding import Decoder, Sampling, plain_decode
 from dalle_lab.model.linear import packed_linears
 
-TINY = dict(dim=32, depth=2, heads=2, dim_head=16, num_text_tokens=50, text_seq_len=5, num_image_tokens=24,
-            image_fmap_size=4, null_cond_prob=0.0)
+from tiny_models import opinionated_dalle
+
 TEXT = torch.tensor([[3, 9, 4, 0, 0], [7, 1, 0, 0, 0], [2, 2, 2, 2, 2]])
 SUPPORTED = [dict(), dict(stable=True), dict(sandwich_norm=True), dict(depth=3, shared_attn_ids=(0, 0, 1),
              shared_ff_ids=(0, 1, 1)), dict(share_input_output_emb=True)]
 KINDS = ["linear", "wt"] + (["onednn"] if torch.backends.mkldnn.is_available() else [])
 UNSUPPORTED = [dict(attn_types=("full", "axial_row")), dict(attn_types=("conv_like",)), dict(rotary_emb=True),
                dict(shift_tokens=True)]
-
-
-def opinionated_dalle(**overrides):
-    torch.manual_seed(0)
-    model = DALLE(**{**TINY, **overrides}).eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() > 1:
-                p.normal_(0, 0.3)
-    return model
 
 
 def decode(model, sampling, fused, prepack=True):

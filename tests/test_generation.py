@@ -5,20 +5,7 @@ import torch
 from dalle_lab.model import DALLE
 from dalle_lab.sampling import sampling_distribution
 
-TINY = dict(dim=32, depth=2, heads=2, dim_head=16, num_text_tokens=50, text_seq_len=5, num_image_tokens=24,
-            image_fmap_size=4, null_cond_prob=0.0)
-
-
-def opinionated_dalle(seed=0, **overrides):
-    """A tiny model with larger random weights than the training init, so its distributions are far from uniform
-    (near-uniform logits would make the cache/no-cache comparisons trivially robust)."""
-    torch.manual_seed(seed)
-    model = DALLE(**{**TINY, **overrides}).eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() > 1:
-                p.normal_(0, 0.3)
-    return model
+from tiny_models import TINY, opinionated_dalle
 
 
 def prompts(b=3, seed=1):
