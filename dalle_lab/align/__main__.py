@@ -98,13 +98,19 @@ def read_caption_file(path_text: str, flag: str) -> list[str]:
     return captions
 
 
-def main(argv=None) -> int:
-    parser = build_parser()
-    argv = list(sys.argv[1:] if argv is None else argv)
+def parse_args(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
+    """The flags, with a --preset's values as the defaults under the explicit flags."""
     args = parser.parse_args(argv)
     if args.preset:  # the preset's values become the defaults, then the explicit flags are parsed again on top
         parser.set_defaults(**PRESETS[args.preset])
         args = parser.parse_args(argv)
+    return args
+
+
+def main(argv=None) -> int:
+    parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = parse_args(parser, argv)
     try:
         config = AlignConfig(**{f.name: getattr(args, f.name) for f in fields(AlignConfig)})
     except ValueError as err:  # a bad flag value: argparse's usage message and exit status 2
