@@ -14,23 +14,18 @@ from dalle_lab.model.masks import LayerMasks, attention_mask
 from dalle_lab.model.positional import TokenShift, apply_rotary, rotary_angles
 from dalle_lab.training.cli import build_train_parser, config_from_args
 
+import tiny_models
+
 DATA = Path(__file__).parent / "data"
-TINY = dict(dim=32, depth=2, heads=2, dim_head=16, num_text_tokens=50, text_seq_len=3, num_image_tokens=24,
-            image_fmap_size=4, null_cond_prob=0.0)
+TINY = {**tiny_models.TINY, "text_seq_len": 3}
 TEXT = torch.tensor([[3, 9, 4], [7, 1, 0]])
 TEXT_LEN, FMAP = TINY["text_seq_len"] + 1, TINY["image_fmap_size"]
 SEQ = TINY["text_seq_len"] + FMAP ** 2  # transformer input length
 
 
 def opinionated(seed=0, **options):
-    """Weights large enough that every token matters (a freshly initialised model is nearly uniform)."""
-    torch.manual_seed(seed)
-    model = DALLE(**{**TINY, **options}).eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() > 1:
-                p.normal_(0, 0.3)
-    return model
+    """The shared tiny model (weights large enough that every token matters) with a 3-token caption."""
+    return tiny_models.opinionated_dalle(seed, **{"text_seq_len": TINY["text_seq_len"], **options})
 
 
 def image_tokens(b=2, seed=3):
