@@ -3,6 +3,7 @@
 
     python benchmarks/recipe_sweep.py --name baseline --seed 0                     # train_dalle.py's defaults
     python benchmarks/recipe_sweep.py --name lr2e-3 --seed 0 -- --learning_rate 2e-3 --text_seq_len 12
+    python benchmarks/recipe_sweep.py --name ddp2 --threads 1 --processes 2 -- --batch_size 16   # global batch 32
 
 Everything after `--` is passed to train_dalle.py unchanged. Each run writes <out>/<name>-seed<k>.json (a finished
 run is skipped; --eval_only measures its checkpoint again and replaces only the "eval" part) holding the command,
@@ -72,7 +73,10 @@ def main(argv=None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="reports/recipe/runs")
     p.add_argument("--runs_dir", default="runs/recipe")
-    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--threads", type=int, default=2, help="OMP threads of each training process")
+    p.add_argument("--processes", type=int, default=1,
+                   help="train with this many DDP processes (torchrun --standalone; pass the per-process "
+                        "--batch_size after --)")
     p.add_argument("--n_val", type=int, default=300)
     p.add_argument("--n_heldout", type=int, default=200)
     p.add_argument("--eval_only", action="store_true", help="evaluate an existing run's checkpoint again")
@@ -90,10 +94,13 @@ def main(argv=None) -> int:
         print(f"{out} exists: skipped")
         return 0
     run_dir = ROOT / args.runs_dir / f"{args.name}-seed{args.seed}"
-    command = [sys.executable, str(ROOT / "train_dalle.py"), "--output_dir", str(run_dir), "--seed", str(args.seed),
+    launcher = ([sys.executable] if args.processes == 1 else
+                [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(args.processes)])
+    command = [*launcher, str(ROOT / "train_dalle.py"), "--output_dir", str(run_dir), "--seed", str(args.seed),
                "--no-progress", "--sample_every_n_steps", "0", *train_flags]
     record = {"script": "benchmarks/recipe_sweep.py", "argv": argv, "train_command": command[1:],
-              "train_flags": train_flags, "seed": args.seed, "threads": args.threads, **git_state(),
+              "train_flags": train_flags, "seed": args.seed, "threads": args.threads,
+              "processes": args.processes, **git_state(),
               "load_before": os.getloadavg(), "started": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
     if args.eval_only and out.exists():
         previous = json.loads(out.read_text())
@@ -109,7 +116,8 @@ def main(argv=None) -> int:
     record["loss_curve"] = [{k: m[k] for k in ("step", "loss", "loss_text", "loss_img", "lr") if k in m}
                             for m in metrics]
     print(f"[{args.name} seed {args.seed}] trained: {record.get('train_wall_s', float('nan')):.0f} s", flush=True)
-    record["eval"] = evaluate(run_dir / "dalle.pt", args.n_val, args.n_heldout, samplings, args.threads)
+    record["eval"] = evaluate(run_dir / "dalle.pt", args.n_val, args.n_heldout, samplings,
+                              args.threads * args.processes)
     record["load_after_eval"] = os.getloadavg()
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(record, indent=1))
