@@ -53,7 +53,7 @@ def summarise(runs: dict[str, list[dict]], sampling: str) -> list[dict]:
         if not usable:
             continue
         row = {"name": name, "seeds": [r["seed"] for r in usable], "flags": " ".join(usable[0]["train_flags"]),
-               "files": [r["file"] for r in usable], "sampling": sampling,
+               "processes": usable[0].get("processes", 1), "files": [r["file"] for r in usable], "sampling": sampling,
                "settings": usable[0]["eval"][sampling]["settings"]}
         for split in ("val", "heldout"):
             for metric in ("accuracy", "exact_match"):
@@ -69,13 +69,14 @@ def summarise(runs: dict[str, list[dict]], sampling: str) -> list[dict]:
 def markdown(rows: list[dict], sampling: str) -> str:
     lines = [f"# Main-job recipe calibration (sampling: `{sampling}`)", "",
              "Written by `python benchmarks/recipe_report.py` from the run files of `benchmarks/recipe_sweep.py` "
-             "(one per recipe and seed, in `runs/`). Mean over seeds; ± is a t-based 95% CI across seeds.", "",
-             "| recipe | train_dalle.py flags | sampling | seeds | val accuracy | val exact | held-out accuracy | held-out exact "
-             "| val image loss | train wall s (load) |", "|---|---|---|---|---|---|---|---|---|---|"]
+             "(one per recipe and seed, in `runs/`). Mean over seeds; ± is a t-based 95% CI across seeds. With several "
+             "DDP processes `--batch_size` is per process.", "",
+             "| recipe | train_dalle.py flags | processes | sampling | seeds | val accuracy | val exact | held-out accuracy | held-out exact "
+             "| val image loss | train wall s (load) |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         wall = "" if r["train_wall_s"] is None else f"{r['train_wall_s'][0]:.0f} ({', '.join(map(str, r['load']))})"
         shown = ", ".join(f"{k} {v}" for k, v in r["settings"].items() if v is not None)
-        lines.append(f"| {r['name']} | `{r['flags'] or '(defaults)'}` | {shown} | {len(r['seeds'])} | {fmt(*r['val_accuracy'])} "
+        lines.append(f"| {r['name']} | `{r['flags'] or '(defaults)'}` | {r['processes']} | {shown} | {len(r['seeds'])} | {fmt(*r['val_accuracy'])} "
                      f"| {fmt(*r['val_exact_match'])} | {fmt(*r['heldout_accuracy'])} | {fmt(*r['heldout_exact_match'])}"
                      f" | {fmt(*r['val_loss_img'])} | {wall} |")
     return "\n".join(lines) + "\n"
