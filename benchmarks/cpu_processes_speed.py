@@ -45,7 +45,9 @@ def one_run(kind: str, steps: int, batch: int, cores: int, seed: int, extra: lis
             command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(cores),
                        "train_dalle.py", "--batch_size", str(batch // cores), *flags]
             threads = 1
-        env = {**os.environ, "OMP_NUM_THREADS": str(threads), "OMP_WAIT_POLICY": "PASSIVE"}
+        # OpenMP's wait policy stays the environment's, as scripts/demo.sh leaves it (PASSIVE would slow the
+        # two-thread process, which waits on its own threads every op)
+        env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
         load_before = os.getloadavg()
         start = time.perf_counter()
         done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True)
@@ -56,6 +58,8 @@ def one_run(kind: str, steps: int, batch: int, cores: int, seed: int, extra: lis
                    if line]
     # the loop's first logged steps include warm-up of the allocator and the thread pools
     step_s = [batch / m["samples_per_s"] for m in metrics if m["step"] > min(20, steps // 2)]
+    if not step_s:
+        raise SystemExit(f"--steps {steps}: too few logged steps to time; use --steps 40 or more")
     record = {"kind": kind, "command": command, "omp_threads": threads, "wall_s": wall,
               "median_step_s": statistics.median(step_s), "logged_step_s": step_s,
               "last_loss": metrics[-1]["loss"], "last_loss_img": metrics[-1]["loss_img"],
@@ -70,7 +74,7 @@ def main(argv=None) -> int:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--steps", type=int, default=200)
     p.add_argument("--batch_size", type=int, default=32, help="the global batch (per process: divided by --cores)")
-    p.add_argument("--cores", type=int, default=os.cpu_count())
+    p.add_argument("--cores", type=int, default=len(os.sched_getaffinity(0)))
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=None)
     p.add_argument("train_flags", nargs="*", help="more train_dalle.py flags (after --), for both kinds")
