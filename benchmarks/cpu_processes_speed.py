@@ -45,8 +45,7 @@ def one_run(kind: str, steps: int, batch: int, cores: int, seed: int, extra: lis
             command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(cores),
                        "train_dalle.py", "--batch_size", str(batch // cores), *flags]
             threads = 1
-        # OpenMP's wait policy stays the environment's, as scripts/demo.sh leaves it (PASSIVE would slow the
-        # two-thread process, which waits on its own threads every op)
+        # OpenMP's wait policy stays the environment's, as scripts/demo.sh leaves it
         env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
         load_before = os.getloadavg()
         start = time.perf_counter()

@@ -73,7 +73,8 @@ def main(argv=None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="reports/recipe/runs")
     p.add_argument("--runs_dir", default="runs/recipe")
-    p.add_argument("--threads", type=int, default=2, help="OMP threads of each training process")
+    p.add_argument("--threads", type=int, default=None,
+                   help="OMP threads of each training process (default: the cores divided among the processes)")
     p.add_argument("--processes", type=int, default=1,
                    help="train with this many DDP processes (torchrun --standalone; pass the per-process "
                         "--batch_size after --)")
@@ -83,6 +84,8 @@ def main(argv=None) -> int:
     p.add_argument("--samplings", default=",".join(s[0] for s in SAMPLINGS),
                    help="comma-separated names of the sampling settings to score (default: all)")
     args = p.parse_args(own)
+    if args.threads is None:
+        args.threads = max(1, len(os.sched_getaffinity(0)) // args.processes)
     wanted = args.samplings.split(",")
     unknown = sorted(set(wanted) - {s[0] for s in SAMPLINGS})
     if unknown:
@@ -110,7 +113,7 @@ def main(argv=None) -> int:
         start = time.perf_counter()
         subprocess.run(command, cwd=ROOT, env=env, check=True)
         record["train_wall_s"] = time.perf_counter() - start
-    record["load_after_train"] = os.getloadavg()
+        record["load_after_train"] = os.getloadavg()
     metrics = [json.loads(line) for line in (run_dir / "dalle-metrics.jsonl").read_text().splitlines() if line]
     record["last_logged"] = metrics[-1]
     record["loss_curve"] = [{k: m[k] for k in ("step", "loss", "loss_text", "loss_img", "lr") if k in m}

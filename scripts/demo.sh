@@ -12,29 +12,31 @@ OUT_DIR=${OUT_DIR:-outputs}
 # bfloat16 natively (avx512_bf16 / AMX) a step under bf16 autocast is ~3x cheaper than in float32, so such machines
 # train train_dalle.py's full 1800 steps; elsewhere (AVX2-only CPUs) --amp resolves to float32 and the demo trains
 # DEMO_FP32_STEPS of global batch 32 (reports/recipe/runs/fp32_*: calibration; flags given to scripts/demo.sh win).
-# A float32 step does not scale with threads on 2 cores, while one single-threaded process per core does, so there
-# it trains as 2 DDP processes of batch 16 (torchrun): 1.25x faster in the loop, the same steps and sample stream
-# (reports/recipe/cpu_processes_speed-*.json; DEMO_PROCESSES=1 trains in one process).
+# There it trains as DEMO_PROCESSES=2 DDP processes of batch 16 (torchrun; cores/2 threads each), the same steps
+# and sample stream: on 2 idle cores 1.05x faster in the loop than one process with both threads
+# (reports/recipe/cpu_processes_speed-20261203-1509.json; DEMO_PROCESSES=1 trains in one process). A --batch_size
+# given to scripts/demo.sh is then per process.
 DEMO_FP32_STEPS=${DEMO_FP32_STEPS:-1000}
 cores=$(nproc)
 DEMO_PROCESSES=${DEMO_PROCESSES:-$(( cores >= 2 ? 2 : 1 ))}
 launch=("$PY")
 steps_flag=()
 if ! "$PY" -c "import sys; from dalle_lab.utils import cpu_has_native_bf16; sys.exit(0 if cpu_has_native_bf16() else 1)"; then
-    if (( 32 % DEMO_PROCESSES )); then
-        echo "[demo] DEMO_PROCESSES=$DEMO_PROCESSES does not divide the batch of 32: choose 1, 2, 4 or 8" >&2
+    if ! [[ $DEMO_PROCESSES =~ ^[1-9][0-9]*$ ]] || (( 32 % DEMO_PROCESSES )); then
+        echo "[demo] DEMO_PROCESSES=$DEMO_PROCESSES must divide the batch of 32: choose 1, 2, 4, 8, 16 or 32" >&2
         exit 2
     fi
     echo "[demo] this CPU has no native bfloat16: float32 training, $DEMO_FP32_STEPS steps of batch 32" \
          "in $DEMO_PROCESSES process(es) (python train_dalle.py alone trains 1800)"
     steps_flag=(--max_steps "$DEMO_FP32_STEPS" --batch_size $(( 32 / DEMO_PROCESSES )) --warmup_steps 50)
     # gloo must be able to open a device on this host (a hostname that does not resolve is the usual failure)
-    if (( DEMO_PROCESSES > 1 )) && ! "$PY" -c "
+    if (( DEMO_PROCESSES > 1 )) && ! gloo_error=$("$PY" -c "
 import torch.distributed as dist
 from dalle_lab.training.distributed import free_port
 dist.init_process_group('gloo', init_method=f'tcp://127.0.0.1:{free_port()}', rank=0, world_size=1)
-dist.destroy_process_group()" 2>/dev/null; then
-        echo "[demo] torch.distributed (gloo) cannot start on this host: training in one process instead"
+dist.destroy_process_group()" 2>&1); then
+        echo "[demo] torch.distributed (gloo) cannot start on this host ($(echo "$gloo_error" | tail -n 1)):" \
+             "training in one process instead"
         DEMO_PROCESSES=1
         steps_flag=(--max_steps "$DEMO_FP32_STEPS" --batch_size 32 --warmup_steps 50)
     fi
