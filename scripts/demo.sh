@@ -26,9 +26,6 @@ if ! "$PY" -c "import sys; from dalle_lab.utils import cpu_has_native_bf16; sys.
         echo "[demo] DEMO_PROCESSES=$DEMO_PROCESSES must divide the batch of 32: choose 1, 2, 4, 8, 16 or 32" >&2
         exit 2
     fi
-    echo "[demo] this CPU has no native bfloat16: float32 training, $DEMO_FP32_STEPS steps of batch 32" \
-         "in $DEMO_PROCESSES process(es) (python train_dalle.py alone trains 1800)"
-    steps_flag=(--max_steps "$DEMO_FP32_STEPS" --batch_size $(( 32 / DEMO_PROCESSES )) --warmup_steps 50)
     # gloo must be able to open a device on this host (a hostname that does not resolve is the usual failure)
     if (( DEMO_PROCESSES > 1 )) && ! gloo_error=$("$PY" -c "
 import torch.distributed as dist
@@ -38,8 +35,10 @@ dist.destroy_process_group()" 2>&1); then
         echo "[demo] torch.distributed (gloo) cannot start on this host ($(echo "$gloo_error" | tail -n 1)):" \
              "training in one process instead"
         DEMO_PROCESSES=1
-        steps_flag=(--max_steps "$DEMO_FP32_STEPS" --batch_size 32 --warmup_steps 50)
     fi
+    echo "[demo] this CPU has no native bfloat16: float32 training, $DEMO_FP32_STEPS steps of batch 32" \
+         "in $DEMO_PROCESSES process(es) (python train_dalle.py alone trains 1800)"
+    steps_flag=(--max_steps "$DEMO_FP32_STEPS" --batch_size $(( 32 / DEMO_PROCESSES )) --warmup_steps 50)
     if (( DEMO_PROCESSES > 1 )); then
         threads=${OMP_NUM_THREADS:-$(( cores / DEMO_PROCESSES > 0 ? cores / DEMO_PROCESSES : 1 ))}
         launch=(env OMP_NUM_THREADS="$threads" "$PY" -m torch.distributed.run --standalone
