@@ -40,6 +40,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--speculative", action=argparse.BooleanOptionalAction, default=None,
                    help="lossless speculative decoding: the same image distribution from fewer transformer passes "
                         "(default: wherever it was measured faster, see docs/performance.md)")
+    p.add_argument("--compile", action="store_true",
+                   help="decode through one Inductor-compiled step (CPU, float32): the same images, faster per batch "
+                        "after a compile of about a minute the first time (10-20 s later, from Inductor's disk "
+                        "cache); pays off from a few dozen batches (docs/performance.md)")
     p.add_argument("--attention_maps", action="store_true",
                    help="also save attention maps: where each image cell looked in the caption "
                         "(<outputs_dir>/<caption>/attention/)")
@@ -96,7 +100,8 @@ def main(argv=None) -> int:
                 print(f"completed caption: {given!r} -> {caption!r}")
             captions = completed
             args.truncate_captions = True  # re-tokenized as typed: a BPE may spell the decoded text a token longer
-        dalle.speculative_default = args.speculative  # every generate_images call below follows it
+        dalle.speculative_default = args.speculative  # every generate_images call below follows them
+        dalle.compile_default = args.compile
         with torch.inference_mode():
             records = generate_to_folder(dalle, vae, tokenizer, captions, args.outputs_dir, args.num_images,
                                          args.batch_size, settings, args.seed, checkpoint=str(args.dalle_path),

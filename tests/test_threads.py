@@ -1,4 +1,5 @@
-"""decode_threads: one thread for few-row decoding, the caller's count restored afterwards, errors included."""
+"""decode_threads: one thread for few-row decoding where OpenMP threads sleep between ops (OMP_WAIT_POLICY=PASSIVE),
+the caller's count restored afterwards, errors included; under the default policy the count is left alone."""
 import pytest
 import torch
 
@@ -7,7 +8,8 @@ from dalle_lab.model.threads import decode_threads
 
 
 @pytest.fixture
-def two_threads():
+def two_threads(monkeypatch):
+    monkeypatch.setenv("OMP_WAIT_POLICY", "passive")
     before = torch.get_num_threads()
     torch.set_num_threads(2)
     yield
@@ -33,6 +35,19 @@ def test_many_rows_or_disabled_keep_the_thread_count(two_threads):
         assert torch.get_num_threads() == 2
     with decode_threads(rows=4, enabled=False):
         assert torch.get_num_threads() == 2
+
+
+@pytest.mark.parametrize("policy", [None, "ACTIVE", "  "])
+def test_spinning_threads_keep_the_thread_count(two_threads, monkeypatch, policy):
+    if policy is None:
+        monkeypatch.delenv("OMP_WAIT_POLICY")
+    else:
+        monkeypatch.setenv("OMP_WAIT_POLICY", policy)
+    with decode_threads(rows=4):
+        assert torch.get_num_threads() == 2
+    monkeypatch.setenv("OMP_WAIT_POLICY", " Passive ")
+    with decode_threads(rows=4):
+        assert torch.get_num_threads() == 1
 
 
 def test_generation_restores_the_thread_count(two_threads):

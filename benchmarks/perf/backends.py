@@ -87,9 +87,11 @@ def build_ours(config: dict | None) -> Bench:
 
     def generate(text, use_cache, filter_thres, decode="plain"):
         # decode: "plain" (one token per pass: the path target 1 measures), "speculative" (lossless speculative
-        # Jacobi decoding), "graph" / "speculative-graph" (the same, each pass replayed as a CUDA graph)
+        # Jacobi decoding), "graph" / "speculative-graph" (the same, each pass replayed as a CUDA graph), "compiled"
+        # (plain, each pass through the Inductor-compiled step)
         return model.generate_images(text, filter_thres=filter_thres, use_cache=use_cache, return_tokens=True,
-                                     speculative=decode.startswith("speculative"), cuda_graph=decode.endswith("graph"))
+                                     speculative=decode.startswith("speculative"), cuda_graph=decode.endswith("graph"),
+                                     compile=decode == "compiled")
 
     def optimizer(params):
         from dalle_lab.training.engine import adamw

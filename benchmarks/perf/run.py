@@ -76,7 +76,8 @@ def plan(quick: bool, peer: bool, default_config: dict) -> list[list[Job]]:
         return ceiling + [
             # bf16's target is against the peer's fp32, so the peer's own bf16 run is left to the full mode
             train("reference", ref, "fp32", 3, 1) + train("reference", ref, "bf16", 3, 1, who=["ours"]),
-            gen("reference", ref, True, 1) + gen("reference", ref, True, 1, who=["ours"], decode="speculative"),
+            gen("reference", ref, True, 1) + gen("reference", ref, True, 1, who=["ours"], decode="speculative")
+            + gen("reference", ref, True, 1, who=["ours"], decode="compiled"),
         ]
 
     plain = ["peer-plain"] if peer else []
@@ -87,7 +88,8 @@ def plan(quick: bool, peer: bool, default_config: dict) -> list[list[Job]]:
     return ceiling + [
         train("reference", ref, "fp32", 6, 2) + train("reference", ref, "fp32", 6, 2, who=plain)
         + train("reference", ref, "bf16", 6, 2),
-        gen("reference", ref, True, 2) + gen("reference", ref, True, 2, who=["ours"], decode="speculative"),
+        gen("reference", ref, True, 2) + gen("reference", ref, True, 2, who=["ours"], decode="speculative")
+        + gen("reference", ref, True, 2, who=["ours"], decode="compiled"),
         gen("reference", ref, True, 1, batch=64),
         gen("reference", ref, False, 1),
         grids[8] + grids[32],
@@ -159,10 +161,11 @@ def main(argv=None) -> int:
     p.add_argument("--peer", action=argparse.BooleanOptionalAction, default=True,
                    help="measure dalle-pytorch 1.6.6 alongside (default: yes)")
     p.add_argument("--threads", type=int, default=2, help="torch threads in every measurement (default 2)")
-    p.add_argument("--omp-wait-policy", choices=["passive", "active", "default"], default="passive",
-                   help="OpenMP threads sleep (passive) or spin (active) at barriers. Default passive: on cores "
-                        "shared with other jobs, spinning threads fight them and a 2-thread generation measured "
-                        "5-20x slower and 4x noisier; on a quiet machine try --omp-wait-policy default")
+    p.add_argument("--omp-wait-policy", choices=["passive", "active", "default"], default="default",
+                   help="OpenMP threads spin a while at barriers (default: the environment users run, and what an "
+                        "idle machine should be measured in; on an idle AVX2 Zen 3 the peer's batch-4 generation "
+                        "was 1.75x faster under it than under passive) or sleep at once (passive: on cores shared "
+                        "with other jobs spinning threads fight them, a 2-thread generation measured 5-20x slower)")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                    help="cuda: ours only, plain / CUDA-graph / speculative decoding on the GPU")
     p.add_argument("--bf16", choices=["auto", "yes", "no"], default="auto",

@@ -56,6 +56,7 @@ class DALLE(nn.Module):
     """
 
     speculative_default: bool | None = None  # generate_images' `speculative` when not given (None: automatic)
+    compile_default: bool = False  # generate_images' `compile` when not given
 
     def __init__(self, *, vae=None, config: DALLEConfig | None = None, **fields):
         super().__init__()
@@ -267,6 +268,7 @@ class DALLE(nn.Module):
                         use_cache: bool = True, return_tokens: bool = False, return_logprobs: bool = False,
                         generator: torch.Generator | None = None, speculative: bool | None = None,
                         speculative_window: int = DEFAULT_WINDOW, cuda_graph: bool = False,
+                        compile: bool | None = None,
                         logits_callback: Callable[[int, torch.Tensor, torch.Tensor | None], None] | None = None):
         """Sample image tokens for each caption in text (B, text_seq_len) and decode them with the vae.
 
@@ -282,7 +284,10 @@ class DALLE(nn.Module):
         exact path (the model's `speculative_default` attribute when set, else speculative_by_default; plain where
         use_cache=False or a logits_callback is given); the tokens then differ from plain decoding's for the same
         seed, their distribution does not. cuda_graph: replay each decode pass as a CUDA graph over a static KV cache
-        (dalle_lab/model/graphs.py; on the CPU the same fixed-shape arithmetic, uncaptured).
+        (dalle_lab/model/graphs.py; on the CPU the same fixed-shape arithmetic, uncaptured). compile: plain cached
+        decoding through one Inductor-compiled step per pass (dalle_lab/model/compiled_step.py; CPU float32; costs
+        a compile of about a minute, 10-20 s once Inductor's disk cache holds it; the same tokens); None (default)
+        follows the model's `compile_default` attribute (False).
 
         Returns images (B, 3, H, W) in [0, 1]; with return_tokens the (B, image_seq_len) token ids instead (no vae
         needed); with return_logprobs a pair (images or tokens, logprobs (B, image_seq_len) float32) where logprobs
@@ -327,7 +332,8 @@ class DALLE(nn.Module):
                                    window=speculative_window, graphs=cuda_graph)
             else:
                 plain_decode(self, self._text_ids(text), tokens, logprobs, n_init, sampling, generator,
-                             use_cache=use_cache, graphs=cuda_graph, logits_callback=logits_callback)
+                             use_cache=use_cache, graphs=cuda_graph, logits_callback=logits_callback,
+                             compiled=self.compile_default if compile is None else compile)
         finally:
             self.train(was_training)
 

@@ -9,7 +9,8 @@ when classifier-free guidance is on) and offers two calls, in the shape gpt-fast
 With `static=True` the caches are StaticKVCache: fixed shapes, a position mask instead of a growing prefix, so a
 step can be captured as a CUDA graph (graphs.py). Otherwise the growing KVCache is used (one token per step,
 all rows at the same position), the cheapest layout for plain CPU decoding; there, with `fused=True`, a one-token
-step runs as one FusedStep (fused_step.py: the same function in far fewer ops) where the model supports it.
+step runs as one FusedStep (fused_step.py: the same function in far fewer ops) where the model supports it, and
+with `compiled=True` as one graph compiled by Inductor (compiled_step.py, opt-in: it costs a compile).
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from typing import Callable, NamedTuple
 import torch
 
 from ..sampling import sample_from_log_probs, sampling_distribution
+from .compiled_step import CompiledStep, compiled_supported
 from .fused_step import FusedStep, fused_supported
 from .linear import packed_linears
 from .threads import decode_threads
@@ -37,10 +39,11 @@ class Sampling(NamedTuple):
 
 class Decoder:
     def __init__(self, model, text_ids: torch.Tensor, sampling: Sampling, static: bool = False, extra_len: int = 0,
-                 fused: bool = False):
+                 fused: bool = False, compiled: bool = False):
         """text_ids: (B, T) remapped caption ids (model._text_ids); extra_len: cache slots past the image end
         (speculative windows run past the last position); fused: one-token steps over the growing cache through
-        FusedStep where fused_supported(model) (built at the first step, once the prefill has filled the cache)."""
+        FusedStep where fused_supported(model) (built at the first step, once the prefill has filled the cache);
+        compiled: the same steps through CompiledStep where compiled_supported(model) (else as `fused` says)."""
         cfg = model.config
         self.model, self.sampling, self.static = model, sampling, static
         self.batch, self.T, self.N = text_ids.shape[0], cfg.text_seq_len, cfg.image_seq_len
@@ -53,6 +56,7 @@ class Decoder:
         self.image_pos = model._image_pos()  # (N, dim), computed once
         self.calls = 0  # transformer passes so far
         self.fused = fused and not static and fused_supported(model, self.image_pos.dtype)
+        self.compiled = compiled and not static and compiled_supported(model, self.image_pos.dtype)
         self._fused_step = None
 
     def _rows(self, tokens: torch.Tensor) -> torch.Tensor:
@@ -91,9 +95,10 @@ class Decoder:
             if tokens.shape[1] != 1 or at is None:
                 raise ValueError("the growing KVCache decodes one token per step, all rows at grid index `at`; "
                                  "use Decoder(static=True) for windows or rows at different positions")
-            if self.fused:
+            if self.fused or self.compiled:
                 if self._fused_step is None:
-                    self._fused_step = FusedStep(self.model, self.caches, rows=x.shape[0])
+                    self._fused_step = (CompiledStep(self.model, self.caches, x.shape[0], start=self.T + 1 + at)
+                                        if self.compiled else FusedStep(self.model, self.caches, rows=x.shape[0]))
                 return self._fused_step(x.view(x.shape[0], -1), self.T + 1 + at).unsqueeze(1)
             h, _ = self.model.transformer(x, caches=self.caches, start=self.T + 1 + at)
         return self._logits(h)
@@ -112,7 +117,7 @@ class Decoder:
 def plain_decode(model, text_ids: torch.Tensor, tokens: torch.Tensor, logprobs: torch.Tensor, n_init: int,
                  sampling: Sampling, generator: torch.Generator | None = None, use_cache: bool = True,
                  static: bool = False, prepack: bool = True, graphs: bool = False, fused: bool = True,
-                 single_thread: bool = True,
+                 single_thread: bool = True, compiled: bool = False,
                  logits_callback: Callable[[int, torch.Tensor, torch.Tensor | None], None] | None = None) -> int:
     """One token per transformer pass, in order; fills tokens / logprobs (B, N) from n_init on. Returns the pass
     count. Without the cache every pass reruns the whole prefix (the reference the cached path is tested against).
@@ -120,12 +125,16 @@ def plain_decode(model, text_ids: torch.Tensor, tokens: torch.Tensor, logprobs: 
     graph over a static cache (graphs.py; on the CPU the same fixed-shape step, uncaptured). Off by default until it
     has been measured on a GPU (benchmarks/perf/run.py --device cuda). fused: one-token steps through FusedStep
     where the model supports it (fused_step.py; other models and the static cache keep the module path).
-    single_thread: cached passes of few rows run on one thread (threads.py), the caller's count restored after.
+    single_thread: cached passes of few rows run on one thread where OpenMP threads sleep between ops (threads.py),
+    the caller's count restored after. compiled: one-token steps through the Inductor-compiled graph
+    (compiled_step.py; costs a compile, then reused while the weights stay the same).
     """
     graphs = use_cache and graphs
-    dec = Decoder(model, text_ids, sampling, static=static or graphs, extra_len=1 if graphs else 0, fused=fused)
+    dec = Decoder(model, text_ids, sampling, static=static or graphs, extra_len=1 if graphs else 0, fused=fused,
+                  compiled=compiled and use_cache)
     rows = dec.batch * dec.repeat
-    with packed_linears(model, rows=rows, enabled=prepack and use_cache), \
+    # The compiled graph multiplies with its own frozen weights: eager packs would be built for nothing.
+    with packed_linears(model, rows=rows, enabled=prepack and use_cache and not dec.compiled), \
             decode_threads(rows, enabled=single_thread and use_cache):
         return _plain_loop(model, dec, tokens, logprobs, n_init, generator, use_cache, logits_callback, graphs)
 

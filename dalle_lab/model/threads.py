@@ -1,15 +1,18 @@
-"""One intra-op thread for few-row decode passes, restored afterwards.
+"""One intra-op thread for few-row decode passes where OpenMP threads sleep between ops, restored afterwards.
 
 A cached decode step at small batch is many tiny ops; with several threads each op wakes the OpenMP team, and under
-OMP_WAIT_POLICY=PASSIVE (what run.py and a shared machine want) every wake-up is a futex round trip that costs more
-than the op's own arithmetic. Measured at 4 rows with 2 threads on a shared 2-core machine: about a quarter less
-CPU time per generation on one thread (docs/performance.md, benchmarks/perf/step_profile.py --levers threads).
-The 64-row bound was the issue's suggestion, not a measured crossover: re-measure it on an idle machine.
+OMP_WAIT_POLICY=PASSIVE (what a shared machine wants) every wake-up is a futex round trip that costs more than the
+op's own arithmetic. Under OpenMP's default policy the threads spin a while before they sleep, and there the second
+thread pays. Measured at 4 rows with 2 threads on an idle AVX2 Zen 3 (docs/performance.md, "Threads and the wait
+policy"): PASSIVE, one thread 1.4 s per 4 x 256 generation against 2.1-3.1 s on two; default policy, two threads
+0.92-1.20 s against 1.49-1.71 s on one. So one thread is chosen only under PASSIVE.
+The 64-row bound was the issue's suggestion, not a measured crossover.
 torch.set_num_threads is process-wide: a program that decodes from several Python threads at once should pass
 single_thread=False.
 """
 from __future__ import annotations
 
+import os
 from contextlib import contextmanager
 
 import torch
@@ -18,12 +21,18 @@ import torch
 SINGLE_THREAD_MAX_ROWS = 64
 
 
+def threads_sleep_between_ops() -> bool:
+    """Whether this process's OpenMP threads sleep at once when idle (OMP_WAIT_POLICY=PASSIVE, read by OpenMP at
+    start-up, so the environment the process started with is the one that counts)."""
+    return os.environ.get("OMP_WAIT_POLICY", "").strip().lower() == "passive"
+
+
 @contextmanager
 def decode_threads(rows: int, enabled: bool = True):
-    """Within the block torch uses one thread when rows < SINGLE_THREAD_MAX_ROWS; the count is restored on exit,
-    exceptions included."""
+    """Within the block torch uses one thread when rows < SINGLE_THREAD_MAX_ROWS and OpenMP threads sleep between
+    ops; the count is restored on exit, exceptions included."""
     before = torch.get_num_threads()
-    if not enabled or rows >= SINGLE_THREAD_MAX_ROWS or before == 1:
+    if not enabled or rows >= SINGLE_THREAD_MAX_ROWS or before == 1 or not threads_sleep_between_ops():
         yield
         return
     torch.set_num_threads(1)

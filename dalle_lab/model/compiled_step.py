@@ -1,0 +1,137 @@
+"""The one-token decode step compiled by TorchInductor, weights frozen into the graph: opt-in (`compile=True`).
+
+Why: at batch 4 the eager step (fused_step.py) is still about a hundred small ops, and its 4-row products run
+oneDNN / MKL kernels built for large matrices. Inductor's max-autotune on the CPU writes C++ micro-kernels for
+exactly these shapes, with the weights frozen (prepacked once into the kernel's layout) and the LayerNorms, GELU
+and residual adds fused around them. On an AVX2 Zen 3 this took a 4 x 256 generation of the reference model from
+about 0.95 s to 0.65 s with the same tokens (benchmarks/perf/run.py, docs/performance.md "The compiled step").
+
+The step has static shapes, as in gpt-fast: the KV buffers are the Decoder's own (preallocated to the full
+length by the prefill), the new keys/values are written at `pos` by index, and attention reads the whole buffer
+under a position mask (so one graph serves every position; slots past `pos` are zeroed, as masked slots must be:
+weight 0 times garbage NaN is still NaN). `pos` is a 0-d tensor, so no step recompiles.
+
+What it costs: compiling takes about a minute the first time on two cores and about 10-20 s in a later process
+(Inductor keeps its compiled kernels and autotuning results on disk, in its cache directory,
+TORCHINDUCTOR_CACHE_DIR); it pays once a run generates a few dozen batches. Frozen weights mean stale weights if
+the model changes, so every generation first checks the weights (storage, version counter and a float64 sum per
+tensor) and recompiles when they moved: for inference, not for a model that trains between generations (the
+alignment add-on does not use it). Where Inductor cannot compile (no C++ compiler, an unsupported build) the
+decoder warns once and keeps the eager fused step.
+
+Supported: what fused_supported accepts (the default model, `stable`, `sandwich_norm`, shared ids, tied
+embeddings), in float32 on the CPU; everything else keeps the eager paths.
+"""
+from __future__ import annotations
+
+import warnings
+import weakref
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .fused_step import FusedStep, fused_supported
+
+# Inductor options (scoped to this graph): weights frozen as constants, which is what lets max-autotune prepack
+# them for its C++ GEMM micro-kernels. MAX_AUTOTUNE is the setting measured (docs/performance.md); tests turn it
+# off for cheaper compiles.
+MAX_AUTOTUNE = True
+_COMPILED: "weakref.WeakKeyDictionary[nn.Module, _Compiled]" = weakref.WeakKeyDictionary()
+_FAILED = False  # set once a compile has failed in this process: later generations go straight to the fused step
+
+
+def compiled_supported(model, x_dtype: torch.dtype = torch.float32) -> bool:
+    return (not _FAILED and fused_supported(model, x_dtype) and model.final_norm.weight.device.type == "cpu")
+
+
+def _linear(linear: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    return F.linear(x, linear.weight, linear.bias)  # not linear(x): dalle_lab's Linear may hold an eager pack
+
+
+def _norm(norm: nn.LayerNorm, x: torch.Tensor) -> torch.Tensor:
+    return F.layer_norm(x, norm.normalized_shape, norm.weight, norm.bias, norm.eps)
+
+
+class _StepModule(nn.Module):
+    """forward(x (rows, dim), pos (0-d int64), buffers [(2, rows, heads, max_len, d)] per layer) -> image logits.
+
+    The function of Transformer.forward for one new token per row, all rows at sequence position pos."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, x: torch.Tensor, pos: torch.Tensor, buffers: list[torch.Tensor]) -> torch.Tensor:
+        model, t = self.model, self.model.transformer
+        rows = x.shape[0]
+        for block, buffer in zip(t.layers, buffers):
+            qkv = _linear(block.attn.to_qkv, _norm(block.attn_norm, x)).view(rows, 3, t.heads, t.dim_head)
+            buffer.index_copy_(3, pos.view(1), qkv[:, 1:].transpose(0, 1).unsqueeze(3))
+            visible = (torch.arange(buffer.shape[3], device=x.device) <= pos).view(1, 1, 1, -1)
+            attn = F.scaled_dot_product_attention(qkv[:, :1].transpose(1, 2), buffer[0], buffer[1],
+                                                  attn_mask=visible).reshape(rows, t.heads * t.dim_head)
+            out = _linear(block.attn.to_out, attn)
+            x = x + (_norm(block.attn_out_norm, out) if block.sandwich_norm else out)
+            value, gate = _linear(block.ff.proj_in, _norm(block.ff_norm, x)).chunk(2, dim=-1)
+            out = _linear(block.ff.proj_out, value * F.gelu(gate))
+            x = x + (_norm(block.ff_out_norm, out) if block.sandwich_norm else out)
+        return _linear(model.to_image_logits, model._final(x))
+
+
+def _fingerprint(model) -> tuple:
+    """What the frozen graph was built from: each tensor's storage, version counter and float64 sum (the sum also
+    catches writes through `.data`, which bypass the version counter)."""
+    tensors = list(model.parameters()) + list(model.buffers())
+    sums = torch.stack([p.detach().sum(dtype=torch.float64) for p in tensors]).tolist() if tensors else []
+    return tuple((p.data_ptr(), p._version) for p in tensors), tuple(sums)
+
+
+class _Compiled:
+    def __init__(self, model):
+        self.fingerprint = _fingerprint(model)
+        self.fn = torch.compile(_StepModule(model), dynamic=False, fullgraph=True,
+                                options={"freezing": True, "max_autotune": MAX_AUTOTUNE})
+
+
+def _compiled_for(model) -> _Compiled:
+    """The model's compiled step, recompiled when its weights changed since it was built."""
+    entry = _COMPILED.get(model)
+    if entry is None or entry.fingerprint != _fingerprint(model):
+        entry = _COMPILED[model] = _Compiled(model)
+    return entry
+
+
+class CompiledStep:
+    """step(x, pos) -> image logits (rows, V), like FusedStep, through the compiled graph (built at the first
+    call of the first generation, then reused while the weights stay the same).
+
+    Built once per generation, after the prefill: it zeroes the caches' unwritten slots (the mask hides them, the
+    product with their weight 0 must not see garbage) and reads and writes the caches in place."""
+
+    def __init__(self, model, caches, rows: int, start: int):
+        """start: the first sequence position the steps will write (the prefill wrote 0..start-1)."""
+        self.model, self.caches, self.rows = model, caches, rows
+        for cache in caches:
+            cache.buffer.narrow(3, start, cache.max_len - start).zero_()
+        self.buffers = [cache.buffer for cache in caches]
+        self.compiled = _compiled_for(model)
+        self.fallback = None
+
+    def __call__(self, x: torch.Tensor, pos: int) -> torch.Tensor:
+        global _FAILED
+        if self.fallback is not None:
+            return self.fallback(x, pos)
+        if pos >= self.caches[0].max_len:
+            raise ValueError(f"KV cache overflow: writing position {pos} into a cache of {self.caches[0].max_len}")
+        try:
+            return self.compiled.fn(x, torch.tensor(pos, device=x.device), self.buffers)
+        except Exception as err:  # noqa: BLE001 - any compiler failure (it precedes the graph's first write)
+            _FAILED = True
+            warnings.warn(f"torch.compile of the decode step failed ({type(err).__name__}: "
+                          f"{str(err).splitlines()[0] if str(err) else ''}); decoding with the eager fused step "
+                          "instead (install a C++ compiler such as g++ for Inductor, or drop compile=True)",
+                          RuntimeWarning, stacklevel=2)
+            _COMPILED.pop(self.model, None)
+            self.fallback = FusedStep(self.model, self.caches, self.rows)
+            return self.fallback(x, pos)

@@ -1,0 +1,96 @@
+"""The Inductor-compiled decode step (model/compiled_step.py): the same tokens as the eager cached path, frozen
+weights never used stale, a failed compile falls back to the eager step with a warning."""
+import warnings
+
+import pytest
+import torch
+
+from dalle_lab.model import DALLE, compiled_step
+
+CONFIG = dict(dim=32, depth=2, heads=2, dim_head=16, num_text_tokens=50, text_seq_len=5, num_image_tokens=24,
+              image_fmap_size=3)
+
+
+def _model(seed=0, **extra):
+    torch.manual_seed(seed)
+    return DALLE(**CONFIG, **extra).eval()
+
+
+def _tokens(model, compile, seed=0, **kw):
+    text = torch.randint(1, 50, (2, 5), generator=torch.Generator().manual_seed(1))
+    return model.generate_images(text, return_tokens=True, top_k=8, compile=compile,
+                                 generator=torch.Generator().manual_seed(seed), **kw)
+
+
+@pytest.fixture
+def cheap_compile(monkeypatch):
+    """Plain Inductor instead of max-autotune (same graph, seconds instead of a minute to compile)."""
+    monkeypatch.setattr(compiled_step, "MAX_AUTOTUNE", False)
+
+
+def _no_fallback(fn):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # a fallback to the eager step would warn
+        return fn()
+
+
+@pytest.mark.parametrize("extra", [dict(stable=True), dict(sandwich_norm=True)])
+def test_compiled_options_and_inference_mode(cheap_compile, extra):
+    model = _model(**extra)
+    with torch.inference_mode():  # as generate.py runs
+        assert torch.equal(_no_fallback(lambda: _tokens(model, True)), _tokens(model, False))
+
+
+def test_max_autotune_gives_the_eager_tokens_and_never_uses_stale_weights():
+    # max-autotune prepacks the frozen weights into copies: a graph built before a weight change would use the old
+    # ones (plain Inductor aliases them, which would hide the bug)
+    model = _model()
+    for seed, kw in ((0, {}), (1, dict(cond_scale=3.0, temperature=0.7))):
+        assert torch.equal(_no_fallback(lambda: _tokens(model, True, seed, **kw)), _tokens(model, False, seed, **kw))
+    first = compiled_step._COMPILED[model]  # the compiled graph ran, not a fallback
+    with torch.no_grad():
+        for p in model.transformer.parameters():
+            p.add_(0.05 * torch.randn_like(p))  # an optimizer-like step: bumps the version counters
+    assert torch.equal(_no_fallback(lambda: _tokens(model, True)), _tokens(model, False))
+    second = compiled_step._COMPILED[model]
+    assert second is not first  # rebuilt from the new weights (whether or not this graph aliased the old ones)
+    other = _model(seed=3)
+    for p, q in zip(model.parameters(), other.parameters()):
+        p.data.copy_(q)  # .data writes leave the version counter alone; the weight sums still move
+    assert torch.equal(_tokens(other, False), _tokens(model, False))
+    assert torch.equal(_no_fallback(lambda: _tokens(model, True)), _tokens(model, False))
+    third = compiled_step._COMPILED[model]
+    assert third is not second
+    _tokens(model, True)
+    assert compiled_step._COMPILED[model] is third  # unchanged weights: the same graph, no recompile
+
+
+def test_two_models_of_one_config_keep_their_own_weights(cheap_compile):
+    a, b = _model(seed=0), _model(seed=1)
+    ta, tb = _no_fallback(lambda: _tokens(a, True)), _no_fallback(lambda: _tokens(b, True))
+    assert torch.equal(ta, _tokens(a, False)) and torch.equal(tb, _tokens(b, False))
+
+
+def test_a_failed_compile_warns_once_and_decodes_eagerly(cheap_compile, monkeypatch):
+    def broken_compile(*args, **kwargs):
+        def fn(*a, **k):
+            raise RuntimeError("no C++ compiler found")
+        return fn
+
+    monkeypatch.setattr(torch, "compile", broken_compile)
+    monkeypatch.setattr(compiled_step, "_FAILED", False)
+    model = _model(seed=2)
+    with pytest.warns(RuntimeWarning, match="compile of the decode step failed .*no C\\+\\+ compiler found"):
+        tokens = _tokens(model, True)
+    assert torch.equal(tokens, _tokens(model, False))
+    assert compiled_step._FAILED  # later generations skip the compiler
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        assert torch.equal(_tokens(model, True), tokens)
+
+
+def test_generate_py_has_the_flag():
+    from generate import build_parser
+
+    assert build_parser().parse_args(["--dalle_path", "x.pt", "--text", "a", "--compile"]).compile
+    assert not build_parser().parse_args(["--dalle_path", "x.pt", "--text", "a"]).compile
