@@ -65,10 +65,36 @@ def test_max_autotune_gives_the_eager_tokens_and_never_uses_stale_weights():
     assert compiled_step._COMPILED[model] is third  # unchanged weights: the same graph, no recompile
 
 
-def test_two_models_of_one_config_keep_their_own_weights(cheap_compile):
+def test_two_models_of_one_config_keep_their_own_weights():
     a, b = _model(seed=0), _model(seed=1)
     ta, tb = _no_fallback(lambda: _tokens(a, True)), _no_fallback(lambda: _tokens(b, True))
     assert torch.equal(ta, _tokens(a, False)) and torch.equal(tb, _tokens(b, False))
+    assert not torch.equal(ta, tb)
+
+
+_PROCESS = """
+import sys, torch
+sys.path[:0] = [{tests!r}]
+from test_compiled_step import _model, _tokens
+model = _model(seed=int(sys.argv[1]))
+compiled, eager = _tokens(model, True), _tokens(model, False)
+print("EQUAL" if torch.equal(compiled, eager) else f"DIFFERENT {{compiled.tolist()}} {{eager.tolist()}}")
+"""
+
+
+def test_a_warm_inductor_disk_cache_never_brings_another_models_weights(tmp_path):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = tmp_path / "generate_once.py"
+    script.write_text(_PROCESS.format(tests=str(Path(__file__).parent)))
+    env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "inductor"))
+    for seed in (0, 1):  # the second process finds the first one's kernels and autotuning results on disk
+        out = subprocess.run([sys.executable, str(script), str(seed)], env=env, capture_output=True, text=True,
+                             timeout=600)
+        assert out.stdout.strip().endswith("EQUAL"), out.stdout + out.stderr[-2000:]
 
 
 def test_a_failed_compile_warns_once_and_decodes_eagerly(cheap_compile, monkeypatch):

@@ -24,6 +24,7 @@ embeddings), in float32 on the CPU; everything else keeps the eager paths.
 """
 from __future__ import annotations
 
+import types
 import warnings
 import weakref
 
@@ -33,9 +34,7 @@ from torch import nn
 
 from .fused_step import FusedStep, fused_supported
 
-# Inductor options (scoped to this graph): weights frozen as constants, which is what lets max-autotune prepack
-# them for its C++ GEMM micro-kernels. MAX_AUTOTUNE is the setting measured (docs/performance.md); tests turn it
-# off for cheaper compiles.
+# mode="max-autotune" is the setting measured (docs/performance.md); tests turn it off for cheaper compiles.
 MAX_AUTOTUNE = True
 _COMPILED: "weakref.WeakKeyDictionary[nn.Module, _Compiled]" = weakref.WeakKeyDictionary()
 _FAILED = False  # set once a compile has failed in this process: later generations go straight to the fused step
@@ -53,30 +52,23 @@ def _norm(norm: nn.LayerNorm, x: torch.Tensor) -> torch.Tensor:
     return F.layer_norm(x, norm.normalized_shape, norm.weight, norm.bias, norm.eps)
 
 
-class _StepModule(nn.Module):
-    """forward(x (rows, dim), pos (0-d int64), buffers [(2, rows, heads, max_len, d)] per layer) -> image logits.
-
-    The function of Transformer.forward for one new token per row, all rows at sequence position pos."""
-
-    def __init__(self, model):
-        super().__init__()
-        self.model = model
-
-    def forward(self, x: torch.Tensor, pos: torch.Tensor, buffers: list[torch.Tensor]) -> torch.Tensor:
-        model, t = self.model, self.model.transformer
-        rows = x.shape[0]
-        for block, buffer in zip(t.layers, buffers):
-            qkv = _linear(block.attn.to_qkv, _norm(block.attn_norm, x)).view(rows, 3, t.heads, t.dim_head)
-            buffer.index_copy_(3, pos.view(1), qkv[:, 1:].transpose(0, 1).unsqueeze(3))
-            visible = (torch.arange(buffer.shape[3], device=x.device) <= pos).view(1, 1, 1, -1)
-            attn = F.scaled_dot_product_attention(qkv[:, :1].transpose(1, 2), buffer[0], buffer[1],
-                                                  attn_mask=visible).reshape(rows, t.heads * t.dim_head)
-            out = _linear(block.attn.to_out, attn)
-            x = x + (_norm(block.attn_out_norm, out) if block.sandwich_norm else out)
-            value, gate = _linear(block.ff.proj_in, _norm(block.ff_norm, x)).chunk(2, dim=-1)
-            out = _linear(block.ff.proj_out, value * F.gelu(gate))
-            x = x + (_norm(block.ff_out_norm, out) if block.sandwich_norm else out)
-        return _linear(model.to_image_logits, model._final(x))
+def _step(model, x: torch.Tensor, pos: torch.Tensor, buffers: list[torch.Tensor]) -> torch.Tensor:
+    """x (rows, dim), pos (0-d int64), buffers [(2, rows, heads, max_len, d)] per layer -> image logits (rows, V):
+    the function of Transformer.forward for one new token per row, all rows at sequence position pos."""
+    t = model.transformer
+    rows = x.shape[0]
+    for block, buffer in zip(t.layers, buffers):
+        qkv = _linear(block.attn.to_qkv, _norm(block.attn_norm, x)).view(rows, 3, t.heads, t.dim_head)
+        buffer.index_copy_(3, pos.view(1), qkv[:, 1:].transpose(0, 1).unsqueeze(3))
+        visible = (torch.arange(buffer.shape[3], device=x.device) <= pos).view(1, 1, 1, -1)
+        attn = F.scaled_dot_product_attention(qkv[:, :1].transpose(1, 2), buffer[0], buffer[1],
+                                              attn_mask=visible).reshape(rows, t.heads * t.dim_head)
+        out = _linear(block.attn.to_out, attn)
+        x = x + (_norm(block.attn_out_norm, out) if block.sandwich_norm else out)
+        value, gate = _linear(block.ff.proj_in, _norm(block.ff_norm, x)).chunk(2, dim=-1)
+        out = _linear(block.ff.proj_out, value * F.gelu(gate))
+        x = x + (_norm(block.ff_out_norm, out) if block.sandwich_norm else out)
+    return _linear(model.to_image_logits, model._final(x))
 
 
 def _fingerprint(model) -> tuple:
@@ -88,10 +80,32 @@ def _fingerprint(model) -> tuple:
 
 
 class _Compiled:
+    """One model's compiled step, for the weights it had when built.
+
+    TorchDynamo keeps compiled graphs on the function's code object and reuses one whenever its guards pass, and
+    its guards check the model's identity and shapes, not its weights: a graph with the old weights frozen in
+    would be reused after an in-place update. So every _Compiled compiles its own copy of _step's code object,
+    and a weight change builds a new _Compiled (a fresh compile) instead of recompiling the old one."""
+
     def __init__(self, model):
         self.fingerprint = _fingerprint(model)
-        self.fn = torch.compile(_StepModule(model), dynamic=False, fullgraph=True,
-                                options={"freezing": True, "max_autotune": MAX_AUTOTUNE})
+        step = types.FunctionType(_step.__code__.replace(), _step.__globals__, "_step")
+        self.fn = torch.compile(step, mode="max-autotune" if MAX_AUTOTUNE else None, dynamic=False, fullgraph=True)
+        self.rows_compiled = set()
+
+    def __call__(self, model, x, pos, buffers):
+        if x.shape[0] in self.rows_compiled:
+            return self.fn(model, x, pos, buffers)
+        # A new row count compiles a new graph. Freezing (weights as constants, what lets max-autotune prepack them
+        # for its C++ GEMM micro-kernels) is read from Inductor's global config at compile time, and
+        # torch.compile(options=...) does not reach it: so it is switched on around compiling calls only (a
+        # graph compiled without it would read the live weights: slower, never wrong).
+        import torch._inductor.config as inductor_config
+
+        with inductor_config.patch(freezing=True):
+            out = self.fn(model, x, pos, buffers)
+        self.rows_compiled.add(x.shape[0])
+        return out
 
 
 def _compiled_for(model) -> _Compiled:
@@ -125,7 +139,7 @@ class CompiledStep:
         if pos >= self.caches[0].max_len:
             raise ValueError(f"KV cache overflow: writing position {pos} into a cache of {self.caches[0].max_len}")
         try:
-            return self.compiled.fn(x, torch.tensor(pos, device=x.device), self.buffers)
+            return self.compiled(self.model, x, torch.tensor(pos, device=x.device), self.buffers)
         except Exception as err:  # noqa: BLE001 - any compiler failure (it precedes the graph's first write)
             _FAILED = True
             warnings.warn(f"torch.compile of the decode step failed ({type(err).__name__}: "
