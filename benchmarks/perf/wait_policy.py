@@ -1,10 +1,10 @@
-"""One thread or two for a batch-4 cached generation, under each OpenMP wait policy (what threads.py decides).
+"""One thread or all for a batch-4 cached generation, under each OpenMP wait policy (what threads.py decides).
 
     .venv/bin/python benchmarks/perf/wait_policy.py [--rounds 3] [--threads 2]
 
 OpenMP reads OMP_WAIT_POLICY once, when it starts, so every variant runs in a fresh process: PASSIVE (threads sleep
-at once between parallel regions) or the default (they spin a while first), each with decode_threads on (one thread
-for few-row passes) and off (all --threads threads). A process builds the reference model (seed 0), generates once to
+at once between parallel regions) or the default (they spin a while first), each on one thread and on all --threads
+threads (set directly, decode_threads off, so the variant is what its name says whatever threads.py picks). A process builds the reference model (seed 0), generates once to
 warm up, then times two 4 x 256 generations (top_k 10, float32, the fused step). Variants alternate within each
 round; the results file (benchmarks/perf/results/wait-policy-<time>.json) keeps the command, commit, load average
 and every raw wall / CPU time. Run it on an idle machine: on a busy one spinning threads fight the other jobs.
@@ -25,7 +25,7 @@ sys.path[:0] = [str(HERE), str(HERE.parents[1]), str(HERE.parent)]
 
 from results_file import git_commit, write_results  # noqa: E402
 
-VARIANTS = {  # name -> (OMP_WAIT_POLICY or None for OpenMP's default, decode_threads on)
+VARIANTS = {  # name -> (OMP_WAIT_POLICY or None for OpenMP's default, one thread)
     "passive/one_thread": ("PASSIVE", True), "passive/all_threads": ("PASSIVE", False),
     "default/one_thread": (None, True), "default/all_threads": (None, False),
 }
@@ -35,14 +35,14 @@ def loadavg() -> float:
     return float(Path("/proc/loadavg").read_text().split()[0])
 
 
-def child(single_thread: bool, threads: int) -> None:
+def child(one_thread: bool, threads: int) -> None:
     import torch
 
     from backends import REFERENCE
     from dalle_lab.model import DALLE
     from dalle_lab.model.decoding import Sampling, plain_decode
 
-    torch.set_num_threads(threads)
+    torch.set_num_threads(1 if one_thread else threads)
     torch.manual_seed(0)
     model = DALLE(**REFERENCE).eval()
     text = torch.randint(1, 100, (4, REFERENCE["text_seq_len"]))
@@ -52,7 +52,7 @@ def child(single_thread: bool, threads: int) -> None:
         wall, cpu = time.perf_counter(), time.process_time()
         with torch.no_grad():
             plain_decode(model, model._text_ids(text), tokens, torch.zeros(tokens.shape), 0, Sampling(top_k=10),
-                         torch.Generator().manual_seed(rep), single_thread=single_thread)
+                         torch.Generator().manual_seed(rep), single_thread=False)
         times.append((time.perf_counter() - wall, time.process_time() - cpu))
     print("RESULT " + json.dumps(dict(wall_s=[w for w, _ in times[1:]], cpu_s=[c for _, c in times[1:]])))
 
@@ -72,13 +72,13 @@ def main(argv=None) -> int:
                 batch=4, top_k=10, loadavg_start=loadavg(), started=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()))
     results = {}
     for r in range(args.rounds):
-        for name, (policy, single) in VARIANTS.items():
+        for name, (policy, one_thread) in VARIANTS.items():
             env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
             env.update(OMP_NUM_THREADS=str(args.threads), MKL_NUM_THREADS=str(args.threads))
             if policy:
                 env["OMP_WAIT_POLICY"] = policy
             load = loadavg()
-            out = subprocess.run([sys.executable, __file__, "--child", str(int(single)), "--threads",
+            out = subprocess.run([sys.executable, __file__, "--child", str(int(one_thread)), "--threads",
                                   str(args.threads)], env=env, capture_output=True, text=True, check=True)
             got = json.loads(next(line for line in out.stdout.splitlines() if line.startswith("RESULT "))[7:])
             for key, values in got.items():
