@@ -34,11 +34,13 @@ def _no_fallback(fn):
         return fn()
 
 
-@pytest.mark.parametrize("extra", [dict(stable=True), dict(sandwich_norm=True)])
+@pytest.mark.parametrize("extra", [dict(stable=True), dict(sandwich_norm=True), dict(share_input_output_emb=True),
+                                   dict(shared_attn_ids=(0, 0), shared_ff_ids=(0, 0))])
 def test_compiled_options_and_inference_mode(cheap_compile, extra):
     model = _model(**extra)
     with torch.inference_mode():  # as generate.py runs
         assert torch.equal(_no_fallback(lambda: _tokens(model, True)), _tokens(model, False))
+    assert model in compiled_step._COMPILED  # compiled, not skipped
 
 
 def test_max_autotune_gives_the_eager_tokens_and_never_uses_stale_weights():

@@ -164,7 +164,7 @@ def main(argv=None) -> int:
     p.add_argument("--omp-wait-policy", choices=["passive", "active", "default"], default="default",
                    help="OpenMP threads spin a while at barriers (default: the environment users run, and what an "
                         "idle machine should be measured in; on an idle AVX2 Zen 3 the peer's batch-4 generation "
-                        "was 1.75x faster under it than under passive) or sleep at once (passive: on cores shared "
+                        "was 1.7x faster under it than under passive, ours 1.2x) or sleep at once (passive: on cores shared "
                         "with other jobs spinning threads fight them, a 2-thread generation measured 5-20x slower)")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                    help="cuda: ours only, plain / CUDA-graph / speculative decoding on the GPU")

@@ -3,17 +3,19 @@
 Why: at batch 4 the eager step (fused_step.py) is still about a hundred small ops, and its 4-row products run
 oneDNN / MKL kernels built for large matrices. Inductor's max-autotune on the CPU writes C++ micro-kernels for
 exactly these shapes, with the weights frozen (prepacked once into the kernel's layout) and the LayerNorms, GELU
-and residual adds fused around them. On an AVX2 Zen 3 this took a 4 x 256 generation of the reference model from
-about 0.95 s to 0.65 s with the same tokens (benchmarks/perf/run.py, docs/performance.md "The compiled step").
+and residual adds fused around them. On an idle AVX2 Zen 3 a 4 x 256 generation of the reference model took 0.76 s
+against 1.14 s for the eager fused step (medians of 3 rounds; 4.78x the peer's 3.30 s, against 2.91x;
+benchmarks/perf/results/run-full-cpu-20261203-1646.json). Its tokens are the eager path's (tests).
 
 The step has static shapes, as in gpt-fast: the KV buffers are the Decoder's own (preallocated to the full
 length by the prefill), the new keys/values are written at `pos` by index, and attention reads the whole buffer
 under a position mask (so one graph serves every position; slots past `pos` are zeroed, as masked slots must be:
 weight 0 times garbage NaN is still NaN). `pos` is a 0-d tensor, so no step recompiles.
 
-What it costs: compiling takes about a minute the first time on two cores and about 10-20 s in a later process
-(Inductor keeps its compiled kernels and autotuning results on disk, in its cache directory,
-TORCHINDUCTOR_CACHE_DIR); it pays once a run generates a few dozen batches. Frozen weights mean stale weights if
+What it costs: the first generation of a process took 57 s with an empty Inductor cache and 19-20 s with a warm
+one (same file; Inductor keeps the generated C++ and the autotuning results on disk, in its cache directory,
+TORCHINDUCTOR_CACHE_DIR, but frozen graphs are lowered again in every process). At 0.38 s saved per batch of 4
+it pays from about 50 batches in a process with a warm cache, 150 with a cold one. Frozen weights mean stale weights if
 the model changes, so every generation first checks the weights (storage, version counter and a float64 sum per
 tensor) and recompiles when they moved: for inference, not for a model that trains between generations (the
 alignment add-on does not use it). Where Inductor cannot compile (no C++ compiler, an unsupported build) the
