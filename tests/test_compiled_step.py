@@ -1,11 +1,15 @@
 """The Inductor-compiled decode step (model/compiled_step.py): the same tokens as the eager cached path, frozen
 weights never used stale, a failed compile falls back to the eager step with a warning."""
+import shutil
 import warnings
 
 import pytest
 import torch
 
 from dalle_lab.model import DALLE, compiled_step
+
+needs_compiler = pytest.mark.skipif(shutil.which("g++") is None and shutil.which("c++") is None,
+                                    reason="TorchInductor's CPU backend needs a C++ compiler (g++)")
 
 CONFIG = dict(dim=32, depth=2, heads=2, dim_head=16, num_text_tokens=50, text_seq_len=5, num_image_tokens=24,
               image_fmap_size=3)
@@ -34,6 +38,7 @@ def _no_fallback(fn):
         return fn()
 
 
+@needs_compiler
 @pytest.mark.parametrize("extra", [dict(stable=True), dict(sandwich_norm=True), dict(share_input_output_emb=True),
                                    dict(shared_attn_ids=(0, 0), shared_ff_ids=(0, 0))])
 def test_compiled_options_and_inference_mode(cheap_compile, extra):
@@ -43,6 +48,7 @@ def test_compiled_options_and_inference_mode(cheap_compile, extra):
     assert model in compiled_step._COMPILED  # compiled, not skipped
 
 
+@needs_compiler
 def test_max_autotune_gives_the_eager_tokens_and_never_uses_stale_weights():
     # max-autotune prepacks the frozen weights into copies: a graph built before a weight change would use the old
     # ones (plain Inductor aliases them, which would hide the bug)
@@ -67,6 +73,7 @@ def test_max_autotune_gives_the_eager_tokens_and_never_uses_stale_weights():
     assert compiled_step._COMPILED[model] is third  # unchanged weights: the same graph, no recompile
 
 
+@needs_compiler
 def test_two_models_of_one_config_keep_their_own_weights():
     a, b = _model(seed=0), _model(seed=1)
     ta, tb = _no_fallback(lambda: _tokens(a, True)), _no_fallback(lambda: _tokens(b, True))
@@ -84,6 +91,7 @@ print("EQUAL" if torch.equal(compiled, eager) else f"DIFFERENT {{compiled.tolist
 """
 
 
+@needs_compiler
 def test_a_warm_inductor_disk_cache_never_brings_another_models_weights(tmp_path):
     import os
     import subprocess
