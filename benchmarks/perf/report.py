@@ -129,8 +129,8 @@ def print_report(jobs, meta: dict) -> None:
                   f"{'met' if ratio <= 1.0 else 'not met'} |")
     first = median_of(table, "generate/reference/cached/compiled", "ours", "first_generation_s")
     if first is not None:
-        print(f"| compiled step: first generation of a process, compile included (Inductor's disk cache as the "
-              f"run found it: cold in the first round, warm after) | {first:.1f} s (median; per round "
+        print(f"| compiled step: first generation of a process, compile included (cold where Inductor's disk "
+              f"cache was empty, e.g. a new TORCHINDUCTOR_CACHE_DIR, warm after) | {first:.1f} s (median; per round "
               f"{', '.join(f'{r:.1f}' for r in _values(table, 'generate/reference/cached/compiled', 'first_generation_s'))})"
               f" | | | | |")
     graph_jobs = [j for j in jobs if j.key.startswith("generate/") and "graph" in j.key]
