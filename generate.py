@@ -42,8 +42,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "(default: wherever it was measured faster, see docs/performance.md)")
     p.add_argument("--compile", action="store_true",
                    help="decode through one Inductor-compiled step (CPU, float32): the same images, faster per batch "
-                        "after a compile of about a minute the first time (10-20 s later, from Inductor's disk "
-                        "cache); pays off from a few dozen batches (docs/performance.md)")
+                        "after a compile of about a minute the first time (about 20 s later, from Inductor's disk "
+                        "cache); pays off from about 50 batches (docs/performance.md)")
     p.add_argument("--attention_maps", action="store_true",
                    help="also save attention maps: where each image cell looked in the caption "
                         "(<outputs_dir>/<caption>/attention/)")

@@ -107,22 +107,82 @@ def test_a_warm_inductor_disk_cache_never_brings_another_models_weights(tmp_path
         assert out.stdout.strip().endswith("EQUAL"), out.stdout + out.stderr[-2000:]
 
 
-def test_a_failed_compile_warns_once_and_decodes_eagerly(cheap_compile, monkeypatch):
-    def broken_compile(*args, **kwargs):
+def _compile_that_fails(error):
+    def compile(*args, **kwargs):
         def fn(*a, **k):
-            raise RuntimeError("no C++ compiler found")
+            raise error
         return fn
+    return compile
 
-    monkeypatch.setattr(torch, "compile", broken_compile)
+
+@pytest.mark.parametrize("where", ["compiling", "torch.compile itself"])
+def test_a_failed_compile_warns_once_and_decodes_eagerly(cheap_compile, monkeypatch, where):
+    from torch._inductor.exc import InductorError
+
+    if where == "compiling":
+        monkeypatch.setattr(torch, "compile", _compile_that_fails(InductorError(RuntimeError("no C++ compiler found"),
+                                                                               "")))
+    else:
+        def refuse(*args, **kwargs):
+            raise RuntimeError("no C++ compiler found")
+        monkeypatch.setattr(torch, "compile", refuse)
     monkeypatch.setattr(compiled_step, "_FAILED", False)
     model = _model(seed=2)
-    with pytest.warns(RuntimeWarning, match="compile of the decode step failed .*no C\\+\\+ compiler found"):
+    with pytest.warns(RuntimeWarning, match="could not compile the decode step .*no C\\+\\+ compiler found"):
         tokens = _tokens(model, True)
     assert torch.equal(tokens, _tokens(model, False))
     assert compiled_step._FAILED  # later generations skip the compiler
     with warnings.catch_warnings():
         warnings.simplefilter("error", RuntimeWarning)
         assert torch.equal(_tokens(model, True), tokens)
+
+
+def test_an_error_that_is_not_a_compile_failure_propagates(cheap_compile, monkeypatch):
+    monkeypatch.setattr(torch, "compile", _compile_that_fails(MemoryError("out of memory")))
+    monkeypatch.setattr(compiled_step, "_FAILED", False)
+    with pytest.raises(MemoryError):
+        _tokens(_model(seed=4), True)
+    assert not compiled_step._FAILED
+
+
+@needs_compiler
+def test_the_graph_is_compiled_with_frozen_weights(cheap_compile, monkeypatch):
+    from torch._inductor import compile_fx
+
+    calls = []
+    real = compile_fx.fw_compiler_freezing
+
+    def spy(*args, **kwargs):
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(compile_fx, "fw_compiler_freezing", spy)
+    model = _model(seed=5)
+    _no_fallback(lambda: _tokens(model, True))
+    assert calls  # without freezing max-autotune cannot prepack: the unfrozen build ran slower than eager
+
+
+@needs_compiler
+def test_a_model_that_keeps_changing_stops_being_compiled(cheap_compile, monkeypatch):
+    monkeypatch.setattr(compiled_step, "MAX_BUILDS_PER_MODEL", 2)
+    model = _model(seed=6)
+    for change in range(3):
+        if change == 2:
+            with pytest.warns(RuntimeWarning, match="changed after 2 compiles"):
+                tokens = _tokens(model, True)
+        else:
+            tokens = _no_fallback(lambda: _tokens(model, True))
+        assert torch.equal(tokens, _tokens(model, False))
+        with torch.no_grad():
+            model.to_image_logits.weight.add_(0.5)
+    assert compiled_step._COMPILED[model].fn is None
+
+
+@needs_compiler
+def test_a_model_built_under_inference_mode(cheap_compile):
+    with torch.inference_mode():
+        model = _model(seed=7)
+        assert torch.equal(_no_fallback(lambda: _tokens(model, True)), _tokens(model, False))
 
 
 def test_generate_py_has_the_flag():

@@ -286,7 +286,7 @@ class DALLE(nn.Module):
         seed, their distribution does not. cuda_graph: replay each decode pass as a CUDA graph over a static KV cache
         (dalle_lab/model/graphs.py; on the CPU the same fixed-shape arithmetic, uncaptured). compile: plain cached
         decoding through one Inductor-compiled step per pass (dalle_lab/model/compiled_step.py; CPU float32; costs
-        a compile of about a minute, 10-20 s once Inductor's disk cache holds it; the same tokens); None (default)
+        a compile of about a minute, about 20 s once Inductor's disk cache holds it; the same tokens up to float rounding); None (default)
         follows the model's `compile_default` attribute (False).
 
         Returns images (B, 3, H, W) in [0, 1]; with return_tokens the (B, image_seq_len) token ids instead (no vae
