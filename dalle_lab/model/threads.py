@@ -6,7 +6,8 @@ op's own arithmetic. Under OpenMP's default policy the threads spin a while befo
 thread pays. Measured at 4 rows with 2 threads on an idle AVX2 Zen 3, fresh processes alternating
 (benchmarks/perf/wait_policy.py, results/wait-policy-20261203-1704.json, medians of 6 generations of 4 x 256):
 PASSIVE, one thread 1.42 s against 2.85 s on two; default policy, two threads 1.29 s against 1.50 s on one. So one
-thread is chosen only under PASSIVE.
+thread is chosen only under PASSIVE. Machines with many more cores were not measured: there all threads spinning over
+tiny ops may lose; set torch.set_num_threads as measurements there say.
 The 64-row bound was the issue's suggestion, not a measured crossover.
 torch.set_num_threads is process-wide: a program that decodes from several Python threads at once should pass
 single_thread=False.
@@ -23,8 +24,8 @@ SINGLE_THREAD_MAX_ROWS = 64
 
 
 def threads_sleep_between_ops() -> bool:
-    """Whether this process's OpenMP threads sleep at once when idle (OMP_WAIT_POLICY=PASSIVE, read by OpenMP at
-    start-up, so the environment the process started with is the one that counts)."""
+    """Whether this process's OpenMP threads sleep at once when idle (OMP_WAIT_POLICY=PASSIVE). OpenMP reads the
+    variable at start-up; this reads the environment as it is now, so set it before Python starts, not after."""
     return os.environ.get("OMP_WAIT_POLICY", "").strip().lower() == "passive"
 
 
