@@ -41,7 +41,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="lossless speculative decoding: the same image distribution from fewer transformer passes "
                         "(default: wherever it was measured faster, see docs/performance.md)")
     p.add_argument("--compile", action="store_true",
-                   help="decode through one Inductor-compiled step (CPU, float32): the same images, faster per batch "
+                   help="decode through one Inductor-compiled step (CPU, float32): the same images up to float "
+                        "rounding, faster per batch "
                         "after a compile of about a minute the first time (about 20 s later, from Inductor's disk "
                         "cache); pays off from about 50 batches (docs/performance.md)")
     p.add_argument("--attention_maps", action="store_true",

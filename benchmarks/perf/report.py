@@ -75,7 +75,7 @@ def _values(table, key, field, impl="ours") -> list:
 
 
 def median_of(table, key, impl, field):
-    values = [r[field] for r in _ok(table.get((key, impl), {}).values()) if field in r]
+    values = _values(table, key, field, impl)
     return statistics.median(values) if values else None
 
 

@@ -23,16 +23,13 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE), str(HERE.parents[1]), str(HERE.parent)]
 
+from decode_levers import loadavg  # noqa: E402
 from results_file import git_commit, write_results  # noqa: E402
 
 VARIANTS = {  # name -> (OMP_WAIT_POLICY or None for OpenMP's default, one thread)
     "passive/one_thread": ("PASSIVE", True), "passive/all_threads": ("PASSIVE", False),
     "default/one_thread": (None, True), "default/all_threads": (None, False),
 }
-
-
-def loadavg() -> float:
-    return float(Path("/proc/loadavg").read_text().split()[0])
 
 
 def child(one_thread: bool, threads: int) -> None:
