@@ -37,7 +37,7 @@ def train_speed(dtype, steps, batch=8):
     for step in range(steps + 2):  # two warm-up steps
         start, cpu_start = time.perf_counter(), time.process_time()
         with autocast(dtype):
-            loss = model(text, image, return_loss=True).loss
+            loss = model(text, image, return_loss=True)
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)

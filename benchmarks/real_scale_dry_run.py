@@ -46,7 +46,7 @@ def one_setting(name: str, batch: int, steps: int, threads: int) -> dict:
     times, losses = [], []
     for _ in range(0 if options.get("build_only") else steps + 1):
         start = time.perf_counter()
-        loss = model(text, image, return_loss=True).loss
+        loss = model(text, image, return_loss=True)
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)

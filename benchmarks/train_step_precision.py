@@ -39,7 +39,7 @@ def one_setting(dtype: str, batch: int, steps: int, threads: int) -> list[float]
     for _ in range(steps + 2):
         start = time.perf_counter()
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == "bf16"):
-            loss = model(text, image, return_loss=True).loss
+            loss = model(text, image, return_loss=True)
         loss.backward()
         optimizer.step()
         optimizer.zero_grad()

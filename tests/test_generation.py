@@ -155,7 +155,7 @@ def test_pixels_in_and_images_out_with_a_tiny_vqgan(tiny_vae):
     text = prompts(b=2)
     pixels = torch.rand(2, 3, tiny_vae.image_size, tiny_vae.image_size)
     out = model(text, pixels, return_loss=True)
-    assert torch.isfinite(out.loss)
+    assert torch.isfinite(out)
     images = model.generate_images(text, img=pixels, num_init_img_tokens=tiny_vae.fmap_size, top_k=4)
     assert images.shape == (2, 3, tiny_vae.image_size, tiny_vae.image_size)
     assert images.min() >= 0 and images.max() <= 1
@@ -182,4 +182,4 @@ def test_int32_token_ids_are_accepted():
     model, text = opinionated_dalle(), prompts()
     tokens = generate(model, text, top_k=1)
     torch.testing.assert_close(model.logits(text.int(), tokens.int()), model.logits(text, tokens))
-    assert torch.isfinite(model(text.int(), tokens.int(), return_loss=True).loss)
+    assert torch.isfinite(model(text.int(), tokens.int(), return_loss=True))

@@ -35,7 +35,6 @@ def image_tokens(b=2, seed=3):
 def reference_mask(kind, length=SEQ, text_len=TEXT_LEN, fmap=FMAP, kernel=5, dilation=1):
     """The attention types spelled out cell by cell, independently of masks.py's arithmetic."""
     mask = torch.zeros(length, length, dtype=torch.bool)
-    pad = ((kernel - 1) * dilation + 1) // 2
     for q in range(length):
         for j in range(q + 1):
             if kind == "full" or q < text_len or j < text_len:
@@ -46,8 +45,8 @@ def reference_mask(kind, length=SEQ, text_len=TEXT_LEN, fmap=FMAP, kernel=5, dil
                 mask[q, j] = qr == jr
             elif kind == "axial_col":
                 mask[q, j] = qc == jc
-            else:  # conv_like: the window's cells, centred as an unfold with padding `pad`
-                window = {(qr - pad + a * dilation, qc - pad + b * dilation) for a in range(kernel) for b in range(kernel)}
+            else:  # conv_like: the kernel x kernel window ending at the query's cell (DALLE-pytorch's unfold)
+                window = {(qr - a * dilation, qc - b * dilation) for a in range(kernel) for b in range(kernel)}
                 mask[q, j] = (jr, jc) in window
     return mask
 
@@ -79,7 +78,7 @@ def test_a_checkpoint_of_the_unchanged_default_model_loads_and_computes_the_same
     assert model.config.attn_types == ("full",) and not model.config.rotary_emb
     with torch.no_grad():
         assert torch.equal(model.logits(saved["text"], saved["image"]), saved["logits"])
-        assert torch.equal(model(saved["text"], saved["image"], return_loss=True).loss, saved["loss"])
+        assert torch.equal(model(saved["text"], saved["image"], return_loss=True), saved["loss"])
         tokens, logprobs = model.generate_images(saved["text"], return_tokens=True, return_logprobs=True, top_k=8,
                                                  cond_scale=2.0, generator=torch.Generator().manual_seed(1))
     assert torch.equal(tokens, saved["tokens"])
@@ -154,7 +153,7 @@ def test_mask_examples_by_hand():
     row = reference_mask("axial_row")[10, TEXT_LEN:11].nonzero().flatten().tolist()
     col = reference_mask("axial_col")[10, TEXT_LEN:11].nonzero().flatten().tolist()
     conv = reference_mask("conv_like", kernel=3)[10, TEXT_LEN:11].nonzero().flatten().tolist()
-    assert row == [4, 5, 6] and col == [2, 6] and conv == [1, 2, 3, 5, 6]
+    assert row == [4, 5, 6] and col == [2, 6] and conv == [0, 1, 2, 4, 5, 6]
     assert reference_mask("axial_row")[10, :TEXT_LEN].all()  # all of the text, always
 
 
@@ -276,7 +275,7 @@ def test_shared_ids_share_modules_and_keep_their_own_norms():
     per_ff = sum(p.numel() for p in layers[0].ff.parameters())
     count = lambda m: sum(p.numel() for p in m.parameters())  # noqa: E731
     assert count(plain) - count(model) == 2 * per_attn + 2 * per_ff
-    model(TEXT, image_tokens(), return_loss=True).loss.backward()
+    model(TEXT, image_tokens(), return_loss=True).backward()
     assert layers[0].attn.to_qkv.weight.grad is not None
 
 
@@ -351,10 +350,10 @@ def test_bfloat16_autocast_training_and_cached_decoding_with_every_option():
     model = opinionated(**{**OPTIONS["all"], "stable": False})
     text, image = TEXT, image_tokens()
     with torch.no_grad():
-        fp32 = model(text, image, return_loss=True).loss
+        fp32 = model(text, image, return_loss=True)
     model.train()
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        bf16 = model(text, image, return_loss=True).loss
+        bf16 = model(text, image, return_loss=True)
     bf16.backward()
     torch.testing.assert_close(bf16.float(), fp32, atol=0.1, rtol=0.05)
     model.eval()

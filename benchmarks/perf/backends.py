@@ -83,7 +83,7 @@ def build_ours(config: dict | None) -> Bench:
                   cfg.image_fmap_size ** 2, config=asdict(cfg))
 
     def loss(text, image_tokens):
-        return model(text, image_tokens, return_loss=True).loss
+        return model(text, image_tokens, return_loss=True)
 
     def generate(text, use_cache, filter_thres, decode="plain"):
         # decode: "plain" (one token per pass: the path target 1 measures), "speculative" (lossless speculative

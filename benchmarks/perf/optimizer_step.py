@@ -65,7 +65,7 @@ def main(argv=None) -> int:
             raw[name]["optimizer_step_ms"].append(cpu_ms(optimizer.step, 20))
 
             def train_step():
-                loss = model(text, image, return_loss=True).loss
+                loss = model(text, image, return_loss=True)
                 loss.backward()
                 optimizer.step()
                 optimizer.zero_grad(set_to_none=True)

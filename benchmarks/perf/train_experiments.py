@@ -91,13 +91,13 @@ def main(argv=None) -> None:
     text, image = random_batch(bench, 8)
 
     with torch.no_grad():  # the variants compute the same loss
-        a, b = model(text, image, return_loss=True).loss, loss_only(model, text, image)
+        a, b = model(text, image, return_loss=True), loss_only(model, text, image)
     print(f"loss as-is {float(a):.6f}  loss-only {float(b):.6f}")
 
     variants = {
-        ("fp32", "as-is"): (lambda: model(text, image, return_loss=True).loss, nullcontext),
+        ("fp32", "as-is"): (lambda: model(text, image, return_loss=True), nullcontext),
         ("fp32", "loss-only"): (lambda: loss_only(model, text, image), nullcontext),
-        ("bf16", "as-is"): (lambda: model(text, image, return_loss=True).loss, nullcontext),
+        ("bf16", "as-is"): (lambda: model(text, image, return_loss=True), nullcontext),
         ("bf16", "loss-only"): (lambda: loss_only(model, text, image), nullcontext),
         ("bf16", "loss-only + fp32-attention"): (lambda: loss_only(model, text, image), fp32_attention),
     }

@@ -62,7 +62,7 @@ def heldout_losses(model, vae, tokenizer, split: str, n: int, seed: int = 0, bat
             images, captions = dataset.batch(range(start, min(n, start + batch_size)))
             text = tokenizer.tokenize(captions, cfg.text_seq_len).to(device)
             image_tokens = vae.get_codebook_indices(images.to(device))
-            out = model(text, image_tokens, return_loss=True, return_logits=True)
+            out = model(text, image_tokens, return_losses=True, return_logits=True)
             text_logits = out.logits[:, : cfg.text_seq_len, : cfg.total_text_tokens].float()
             # the targets as the model trains on them: pad at position i -> id num_text_tokens + i (see model/dalle.py)
             pad_ids = cfg.num_text_tokens + torch.arange(cfg.text_seq_len, device=device)

@@ -84,8 +84,10 @@ def position_mask(positions: torch.Tensor, kv_len: int) -> torch.Tensor:
 
 
 class Attention(nn.Module):
-    def __init__(self, dim: int, heads: int, dim_head: int, dropout: float = 0.0, stable: bool = False):
+    def __init__(self, dim: int, heads: int, dim_head: int, dropout: float = 0.0, stable: bool = False,
+                 rotate_values: bool = False):
         super().__init__()
+        self.rotate_values = rotate_values  # DALLE-pytorch's rotary rotated the values too (rotary_style)
         self.heads = heads
         self.dim_head = dim_head
         self.stable = stable
@@ -105,14 +107,15 @@ class Attention(nn.Module):
         With a StaticKVCache, positions (B, L) says where each row's tokens sit and mask (see position_mask) which
         key slots each query sees; `start` is unused. Without one, mask (L, start+L) (a sparse attention type,
         masks.py) replaces the causal mask. rotary: (cos, sin) of the L positions (positional.py), applied to
-        queries and keys before the keys are cached.
+        queries and keys (and values, with rotate_values) before they are cached.
         """
         b, n, _ = x.shape
         qkv = self.to_qkv(x).view(b, n, 3, self.heads, self.dim_head).permute(2, 0, 3, 1, 4)  # (3, B, H, n, d)
         q, kv = qkv[0], qkv[1:]
         if rotary is not None:
             q = apply_rotary(q, *rotary)
-            kv = torch.stack([apply_rotary(qkv[1], *rotary), qkv[2]])
+            v = apply_rotary(qkv[2], *rotary) if self.rotate_values else qkv[2]
+            kv = torch.stack([apply_rotary(qkv[1], *rotary), v])
         explicit = return_attention or (self.stable and _needs_explicit_pb_relax(q))
         if isinstance(cache, StaticKVCache):
             k, v = cache.update(positions, kv)

@@ -70,10 +70,12 @@ def _step(model, x: torch.Tensor, pos: torch.Tensor, buffers: list[torch.Tensor]
         attn = F.scaled_dot_product_attention(qkv[:, :1].transpose(1, 2), buffer[0], buffer[1],
                                               attn_mask=visible).reshape(rows, t.heads * t.dim_head)
         out = _linear(block.attn.to_out, attn)
-        x = x + (_norm(block.attn_out_norm, out) if block.sandwich_norm else out)
+        out = _norm(block.attn_out_norm, out) if block.sandwich_norm else out
+        x = x + (out if block.attn_scale is None else out * block.attn_scale)
         value, gate = _linear(block.ff.proj_in, _norm(block.ff_norm, x)).chunk(2, dim=-1)
         out = _linear(block.ff.proj_out, value * F.gelu(gate))
-        x = x + (_norm(block.ff_out_norm, out) if block.sandwich_norm else out)
+        out = _norm(block.ff_out_norm, out) if block.sandwich_norm else out
+        x = x + (out if block.ff_scale is None else out * block.ff_scale)
     return _linear(model.to_image_logits, model._final(x))
 
 

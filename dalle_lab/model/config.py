@@ -10,6 +10,8 @@ from dataclasses import asdict, dataclass, fields
 
 # DALLE-pytorch's attention types this package implements as masks (dalle_lab/model/masks.py).
 ATTN_TYPES = ("full", "axial_row", "axial_col", "conv_like")
+# rotary_style / stable_style: this package's variant, or DALLE-pytorch 1.6.6's (for converted checkpoints)
+STYLES = ("dalle_lab", "dallepytorch")
 
 
 @dataclass
@@ -41,6 +43,14 @@ class DALLEConfig:
     shared_attn_ids: tuple[int, ...] | None = None  # cycled over the layers; layers with equal ids share attention
     shared_ff_ids: tuple[int, ...] | None = None  # likewise for the feed-forward
     share_input_output_emb: bool = False  # tie the token embeddings with the output heads (text and image)
+    # DALLE-pytorch's numerics, for models converted from it (dalle_lab.convert; docs/migrating.md). Off by default.
+    layer_scale: bool = False  # CaiT's LayerScale: a learned per-feature scale on every branch output (always on there)
+    # "dallepytorch": rotary as DALLE-pytorch 1.6.6 computes it (its frequency tables, values rotated too, no learned
+    # positions); "dalle_lab": positional.py's integer-coordinate rotary beside the learned positions
+    rotary_style: str = "dalle_lab"
+    # "dallepytorch": stable's final rescale divides by the signed maximum (DALLE-pytorch's DivideMax) and scales the
+    # embeddings' gradient by 0.1; "dalle_lab": divides by the absolute maximum (model/dalle.py, _final)
+    stable_style: str = "dalle_lab"
 
     def __post_init__(self):
         # lists (a checkpoint read back from JSON, a YAML config) and "full,axial_row" strings (DALLE-pytorch's
@@ -75,6 +85,9 @@ class DALLEConfig:
         if self.rotary_emb and self.dim_head < 6:
             raise ValueError(f"rotary_emb needs dim_head >= 6 (three rotated bands of at least 2 features: text "
                              f"position, image row, image column), got dim_head={self.dim_head}")
+        for name in ("rotary_style", "stable_style"):
+            if getattr(self, name) not in STYLES:
+                raise ValueError(f"DALLEConfig.{name} must be one of {', '.join(STYLES)}, got {getattr(self, name)!r}")
         for name in ("shared_attn_ids", "shared_ff_ids"):
             if getattr(self, name) == ():
                 raise ValueError(f"DALLEConfig.{name} is empty; leave it None for no sharing")
@@ -82,6 +95,11 @@ class DALLEConfig:
     def layer_attn_types(self) -> list[str]:
         """The attention type of each layer: attn_types cycled over depth (DALLE-pytorch's rule)."""
         return [self.attn_types[i % len(self.attn_types)] for i in range(self.depth)]
+
+    @property
+    def learned_positions(self) -> bool:
+        """Whether tokens get learned position embeddings (DALLE-pytorch's rotary replaces them)."""
+        return not (self.rotary_emb and self.rotary_style == "dallepytorch")
 
     @property
     def image_seq_len(self) -> int:

@@ -36,6 +36,8 @@ from .transformer import Transformer
 
 # DALLE-pytorch primes with the top 14 of 32 rows when no count is given; same fraction here.
 DEFAULT_PRIME_FRACTION = 14 / 32
+# stable_style="dallepytorch": the embeddings' share of the gradient (DALLE-pytorch's alpha)
+_DP_EMBED_GRAD_SHRINK = 0.1
 
 
 class DALLEOutput(NamedTuple):
@@ -79,15 +81,17 @@ class DALLE(nn.Module):
         dim = cfg.dim
         self.text_emb = nn.Embedding(cfg.total_text_tokens, dim)
         self.image_emb = nn.Embedding(cfg.num_image_tokens, dim)
-        self.text_pos_emb = nn.Embedding(cfg.text_seq_len + 1, dim)  # BOS + text positions
-        self.image_row_emb = nn.Embedding(cfg.image_fmap_size, dim)
-        self.image_col_emb = nn.Embedding(cfg.image_fmap_size, dim)
+        if cfg.learned_positions:  # DALLE-pytorch's rotary (rotary_style="dallepytorch") is the only position signal
+            self.text_pos_emb = nn.Embedding(cfg.text_seq_len + 1, dim)  # BOS + text positions
+            self.image_row_emb = nn.Embedding(cfg.image_fmap_size, dim)
+            self.image_col_emb = nn.Embedding(cfg.image_fmap_size, dim)
         self.transformer = Transformer(dim, cfg.depth, cfg.heads, cfg.dim_head, cfg.ff_mult, cfg.attn_dropout,
                                        cfg.ff_dropout, cfg.stable, cfg.sandwich_norm, attn_types=cfg.attn_types,
                                        text_len=cfg.text_seq_len + 1, fmap=cfg.image_fmap_size,
                                        conv_kernel_size=cfg.conv_kernel_size, conv_dilation=cfg.conv_dilation,
                                        rotary_emb=cfg.rotary_emb, shift_tokens=cfg.shift_tokens,
-                                       shared_attn_ids=cfg.shared_attn_ids, shared_ff_ids=cfg.shared_ff_ids)
+                                       shared_attn_ids=cfg.shared_attn_ids, shared_ff_ids=cfg.shared_ff_ids,
+                                       layer_scale=cfg.layer_scale, rotary_style=cfg.rotary_style)
         self.final_norm = nn.LayerNorm(dim)
         self.to_text_logits = Linear(dim, cfg.total_text_tokens)
         self.to_image_logits = Linear(dim, cfg.num_image_tokens)
@@ -158,19 +162,33 @@ class DALLE(nn.Module):
         return torch.where(text == 0, self.text_pad_ids, text)
 
     def _image_pos(self) -> torch.Tensor:
-        """(N, dim) position embedding of each image-grid cell, row-major: row vector + column vector."""
+        """(N, dim) position embedding of each image-grid cell, row-major: row vector + column vector (zeros where
+        positions are not learned)."""
+        if not self.config.learned_positions:
+            weight = self.image_emb.weight
+            return weight.new_zeros(self.config.image_seq_len, weight.shape[1])
         return self.image_row_emb(self.image_rows) + self.image_col_emb(self.image_cols)
 
     def _embed(self, text_ids: torch.Tensor, image_tokens: torch.Tensor | None) -> torch.Tensor:
         """[BOS] + text ids (remapped) + the given image tokens (fed as they are) -> (B, 1 + T + n, dim)."""
         bos_text = F.pad(text_ids, (1, 0), value=0)
-        x = self.text_emb(bos_text) + self.text_pos_emb(self.text_positions)
+        x = self.text_emb(bos_text)
+        if self.config.learned_positions:
+            x = x + self.text_pos_emb(self.text_positions)
         if image_tokens is not None and image_tokens.shape[1] > 0:
             n = image_tokens.shape[1]
-            x = torch.cat([x, self.image_emb(image_tokens) + self._image_pos()[:n]], dim=1)
+            image = self.image_emb(image_tokens)
+            x = torch.cat([x, image + self._image_pos()[:n] if self.config.learned_positions else image], dim=1)
+        if self.config.stable and self.config.stable_style == "dallepytorch":
+            # DALLE-pytorch's stable: the same values, a tenth of the gradient into the embeddings (its own
+            # arithmetic, so the rounding matches too)
+            x = x * _DP_EMBED_GRAD_SHRINK + x.detach() * (1 - _DP_EMBED_GRAD_SHRINK)
         return x
 
     def _final(self, h: torch.Tensor) -> torch.Tensor:
+        if self.config.stable and self.config.stable_style == "dallepytorch":
+            # DALLE-pytorch's DivideMax: by the signed maximum (a row whose features are all negative flips sign)
+            return self.final_norm(h / h.amax(dim=-1, keepdim=True).detach())
         if self.config.stable:
             # PB-relax on the final LayerNorm: LayerNorm is invariant to rescaling its input (up to eps), so divide
             # by the absolute maximum first and the norm's own arithmetic never sees large values.
@@ -185,16 +203,20 @@ class DALLE(nn.Module):
     # ----- training -----------------------------------------------------------------------------------------
 
     def forward(self, text: torch.Tensor, image: torch.Tensor, return_loss: bool = False,
-                return_logits: bool | None = None) -> DALLEOutput:
+                return_logits: bool | None = None, *, return_losses: bool = False,
+                null_cond_prob: float | None = None):
         """text (B, text_seq_len) ids, 0 = pad; image pixels (B, 3, H, W) (needs the vae) or ids (B, image_seq_len).
 
-        Returns DALLEOutput(loss, loss_text, loss_img, logits). The joint masked logits (B, T + N, text vocab +
-        image vocab) are built when return_loss is False or return_logits is True; a training step with
-        return_loss=True skips them (logits None), since the losses come straight from the two heads.
+        As DALLE-pytorch: `dalle(text, image)` returns the joint masked logits (B, T + N, text vocab + image vocab),
+        masked entries -inf; `dalle(text, image, return_loss=True)` returns the loss tensor,
+        (loss_text + w * loss_img) / (w + 1). return_losses=True returns DALLEOutput(loss, loss_text, loss_img,
+        logits) instead (what the package's own training logs); its logits are built only with return_logits=True,
+        since the losses come straight from the two heads.
 
-        In training mode each caption is replaced by the all-pad text with probability null_cond_prob (so the
-        model also learns the unconditional distribution classifier-free guidance needs); those rows are left out of
-        loss_text, whose target would then be the pad sequence rather than a caption.
+        Each caption is replaced by the all-pad text with probability null_cond_prob (default: the config's, in
+        training mode only; given here, it applies in any mode, as in DALLE-pytorch), so the model also learns the
+        unconditional distribution classifier-free guidance needs; those rows are left out of loss_text, whose
+        target would then be the pad sequence rather than a caption.
         """
         cfg = self.config
         text = self._check_text(text)
@@ -202,9 +224,11 @@ class DALLE(nn.Module):
         if image.shape != (text.shape[0], cfg.image_seq_len):
             raise ValueError(f"image tokens must be (batch={text.shape[0]}, image_seq_len={cfg.image_seq_len}), got "
                              f"{tuple(image.shape)}")
+        if null_cond_prob is None:
+            null_cond_prob = cfg.null_cond_prob if self.training else 0.0
         keep_caption = None
-        if self.training and cfg.null_cond_prob > 0:
-            keep_caption = torch.rand(text.shape[0], device=text.device) >= cfg.null_cond_prob
+        if null_cond_prob > 0:
+            keep_caption = torch.rand(text.shape[0], device=text.device) >= null_cond_prob
             text = text * keep_caption[:, None]  # a new tensor: the caller's text is never modified
 
         text_ids = self._text_ids(text)
@@ -212,12 +236,13 @@ class DALLE(nn.Module):
         T = cfg.text_seq_len
         text_logits = self.to_text_logits(h[:, :T])
         image_logits = self.to_image_logits(h[:, T:])
+        wants_loss = return_loss or return_losses
         logits = None
-        if return_logits or (return_logits is None and not return_loss):
+        if return_logits or (return_logits is None and not wants_loss):
             logits = torch.cat([F.pad(text_logits, (0, cfg.num_image_tokens), value=float("-inf")),
                                 F.pad(image_logits, (cfg.total_text_tokens, 0), value=float("-inf"))], dim=1)
-        if not return_loss:
-            return DALLEOutput(None, None, None, logits)
+        if not wants_loss:
+            return logits
 
         loss_img = F.cross_entropy(image_logits.reshape(-1, cfg.num_image_tokens).float(), image.reshape(-1))
         text_ce = F.cross_entropy(text_logits.reshape(-1, cfg.total_text_tokens).float(), text_ids.reshape(-1),
@@ -228,7 +253,9 @@ class DALLE(nn.Module):
             loss_text = (text_ce * keep_caption[:, None]).sum() / (keep_caption.sum() * T).clamp_min(1)
         w = cfg.loss_img_weight
         loss = (loss_text + w * loss_img) / (w + 1)
-        return DALLEOutput(loss, loss_text, loss_img, logits)
+        if return_losses:
+            return DALLEOutput(loss, loss_text, loss_img, logits)
+        return loss
 
     def logits(self, text: torch.Tensor, image_tokens: torch.Tensor) -> torch.Tensor:
         """Image-token logits (B, n, num_image_tokens) for image positions 0..n-1 given image_tokens (B, n):
@@ -337,7 +364,8 @@ class DALLE(nn.Module):
         finally:
             self.train(was_training)
 
-        result = tokens if return_tokens else self.vae.decode(tokens)
+        # a DiscreteVAE's decode gives its normalised space (as in DALLE-pytorch); decode_images gives [0, 1]
+        result = tokens if return_tokens else getattr(self.vae, "decode_images", self.vae.decode)(tokens)
         return (result, logprobs) if return_logprobs else result
 
 

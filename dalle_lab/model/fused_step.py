@@ -13,7 +13,7 @@ same position, over the growing KVCache:
 - residual adds in place.
 
 Supported: the default model, `stable` (float32: PB-relax is the plain attention function there, see
-attention._needs_explicit_pb_relax; the final-norm rescale is model._final's), `sandwich_norm`, shared attention /
+attention._needs_explicit_pb_relax; the final-norm rescale is model._final's), `sandwich_norm`, `layer_scale`, shared attention /
 feed-forward ids, tied embeddings. Everything else keeps the module path (`fused_supported` says False): the sparse
 attention types (axial_row, axial_col, conv_like: per-layer masks), `rotary_emb`, `shift_tokens`, a model in
 training mode (dropout), weights that are not float32 or CPU bf16 autocast (the bf16 path has its own attention
@@ -44,6 +44,8 @@ class _Layer(NamedTuple):
     ff_in: _Product
     ff_out: _Product
     ff_out_norm: _Norm | None
+    attn_scale: torch.Tensor | None  # layer_scale only
+    ff_scale: torch.Tensor | None
 
 
 def fused_supported(model, x_dtype: torch.dtype = torch.float32) -> bool:
@@ -56,6 +58,10 @@ def fused_supported(model, x_dtype: torch.dtype = torch.float32) -> bool:
 
 def _norm(module) -> _Norm:
     return _Norm(module.weight.detach(), module.bias.detach(), module.eps)
+
+
+def _detached(parameter):
+    return None if parameter is None else parameter.detach()
 
 
 def _product(linear, rows: int) -> _Product:
@@ -76,7 +82,7 @@ class FusedStep:
         self.layers = [_Layer(_norm(b.attn_norm), _product(b.attn.to_qkv, rows), _product(b.attn.to_out, rows),
                               _norm(b.attn_out_norm) if s else None, _norm(b.ff_norm),
                               _product(b.ff.proj_in, rows), _product(b.ff.proj_out, rows),
-                              _norm(b.ff_out_norm) if s else None)
+                              _norm(b.ff_out_norm) if s else None, _detached(b.attn_scale), _detached(b.ff_scale))
                        for b, s in zip(t.layers, sandwich)]
         self.final = model._final if model.config.stable else None  # PB-relax rescale before the final norm
         self.final_norm = _norm(model.final_norm)
@@ -94,11 +100,13 @@ class FusedStep:
             keys_values = buffer.narrow(3, 0, pos + 1)
             attn = F.scaled_dot_product_attention(qkv[:, :1].transpose(1, 2), keys_values[0], keys_values[1])
             out = layer.attn_out(attn.reshape(rows, heads * d))
-            x = x + (out if layer.attn_out_norm is None else F.layer_norm(out, shape, *layer.attn_out_norm))
+            out = out if layer.attn_out_norm is None else F.layer_norm(out, shape, *layer.attn_out_norm)
+            x = x + (out if layer.attn_scale is None else out * layer.attn_scale)
             value_gate = layer.ff_in(F.layer_norm(x, shape, *layer.ff_norm))
             value, gate = value_gate.chunk(2, dim=-1)
             out = layer.ff_out(value * F.gelu(gate))
-            x.add_(out if layer.ff_out_norm is None else F.layer_norm(out, shape, *layer.ff_out_norm))
+            out = out if layer.ff_out_norm is None else F.layer_norm(out, shape, *layer.ff_out_norm)
+            x.add_(out if layer.ff_scale is None else out * layer.ff_scale)
         if self.final is not None:
             return self.head(self.final(x))
         return self.head(F.layer_norm(x, shape, *self.final_norm))

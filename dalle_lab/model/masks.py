@@ -12,9 +12,10 @@ position T + 1 + i holds image token i, in row-major grid order. The rules, as i
 - an image query at grid cell (r, c) sees the image keys
     axial_row:  of its own row r (so cells (r, 0..c));
     axial_col:  of its own column c (so cells (0..r, c));
-    conv_like:  in the kernel x kernel window around (r, c) (cells r + dilation*a, c + dilation*b, offsets centred
-                as DALLE-pytorch's unfold with padding ((kernel - 1) * dilation + 1) // 2), up to (r, c) in raster
-                order: the rows above in full window width, its own row up to itself.
+    conv_like:  in the kernel x kernel window that ends at (r, c): cells (r - dilation*a, c - dilation*b) for
+                a, b in 0..kernel-1 (DALLE-pytorch pads the grid by (kernel - 1) * dilation on the top and the left
+                and unfolds, so each window reaches up and to the left of its cell and never past it; checked
+                against dalle-pytorch 1.6.6 itself, tests/test_convert_reference.py).
 Note the query at the image position i predicts token i + 1; as in DALLE-pytorch the mask follows the grid cell of
 the token the query sits on, not of the token it predicts.
 Positions past the grid (the tail of a speculative window, whose outputs are never used) get plain causal rows.
@@ -42,8 +43,7 @@ def attention_mask(kind: str, query_pos: torch.Tensor, key_pos: torch.Tensor, te
     elif kind == "axial_col":
         local = k_col == q_col
     elif kind == "conv_like":
-        pad = ((kernel - 1) * dilation + 1) // 2  # the unfold padding: offsets -pad .. -pad + dilation*(kernel-1)
-        local = _in_window(k_row - q_row, pad, kernel, dilation) & _in_window(k_col - q_col, pad, kernel, dilation)
+        local = _in_window(q_row - k_row, kernel, dilation) & _in_window(q_col - k_col, kernel, dilation)
     else:
         raise ValueError(f"unknown attention type {kind!r}")
     image_query = (q_cell >= 0) & (q_cell < fmap * fmap)
@@ -51,9 +51,9 @@ def attention_mask(kind: str, query_pos: torch.Tensor, key_pos: torch.Tensor, te
     return mask & (~image_query | text_key | local)
 
 
-def _in_window(delta: torch.Tensor, pad: int, kernel: int, dilation: int) -> torch.Tensor:
-    offset = delta + pad
-    return (offset >= 0) & (offset % dilation == 0) & (offset <= dilation * (kernel - 1))
+def _in_window(back: torch.Tensor, kernel: int, dilation: int) -> torch.Tensor:
+    """back: how many cells the key lies above (or left of) the query; in the window if 0, d, 2d, .. (kernel-1)d."""
+    return (back >= 0) & (back % dilation == 0) & (back <= dilation * (kernel - 1))
 
 
 class LayerMasks:

@@ -14,6 +14,8 @@ of dim_head // 3 (rounded down to even; the rest pass unrotated):
 DALLE-pytorch put the image at text position 8192 and the text at -10 on a [-1, 1] pixel axis with "pixel"
 frequencies; this uses integer coordinates and one frequency ladder (base 10000) for all three bands, which keeps
 the same structure (1-D text, 2-D image) with integer coordinates that need no rescaling for other grid sizes.
+DALLEConfig.rotary_style="dallepytorch" computes DALLE-pytorch's angles exactly (models converted from it), and then
+the attention also rotates the values, as DALLE-pytorch did.
 
 Token shift (Peng's RWKV trick as DALLE-pytorch used it): before attention and before the feed-forward (after
 their LayerNorm), a text token takes the first half of its features from the previous token; an image token takes
@@ -22,6 +24,8 @@ column and for BOS). Cached decoding keeps each layer's normalised inputs (Shift
 its neighbours, including earlier tokens of the same speculative window.
 """
 from __future__ import annotations
+
+import math
 
 import torch
 
@@ -36,22 +40,52 @@ def rotary_band(dim_head: int) -> int:
     return band
 
 
-def rotary_angles(positions: torch.Tensor, text_len: int, fmap: int, dim_head: int):
-    """(cos, sin) for queries/keys at positions (n,) or (B, n): shapes (1, 1, n, 3*band/2) or (B, 1, n, ...)."""
+def rotary_angles(positions: torch.Tensor, text_len: int, fmap: int, dim_head: int, style: str = "dalle_lab"):
+    """(cos, sin) for queries/keys at positions (n,) or (B, n): shapes (1, 1, n, 3*band/2) or (B, 1, n, ...).
+
+    style "dallepytorch" gives DALLE-pytorch 1.6.6's angles instead (see _dallepytorch_coordinates)."""
     band = rotary_band(dim_head)
     cell = positions - text_len
     image = cell >= 0
     cell = cell.clamp(0, fmap * fmap - 1)  # positions past the grid (speculative slack) are never used
-    text_coord = torch.where(image, torch.full_like(positions, text_len), positions)
-    row = torch.where(image, torch.div(cell, fmap, rounding_mode="floor"), torch.full_like(positions, -1))
-    col = torch.where(image, cell % fmap, torch.full_like(positions, -1))
-    coords = torch.stack([text_coord, row, col], dim=-1).float()  # (..., n, 3)
-    inv_freq = ROTARY_BASE ** (-torch.arange(0, band, 2, device=positions.device, dtype=torch.float32) / band)
-    angles = (coords.unsqueeze(-1) * inv_freq).flatten(-2)  # (..., n, 3 * band / 2)
+    row, col = torch.div(cell, fmap, rounding_mode="floor"), cell % fmap
+    if style == "dallepytorch":
+        angles = _dallepytorch_angles(positions, image, row, col, text_len, fmap, dim_head)
+    else:
+        text_coord = torch.where(image, torch.full_like(positions, text_len), positions)
+        row = torch.where(image, row, torch.full_like(positions, -1))
+        col = torch.where(image, col, torch.full_like(positions, -1))
+        coords = torch.stack([text_coord, row, col], dim=-1).float()  # (..., n, 3)
+        inv_freq = ROTARY_BASE ** (-torch.arange(0, band, 2, device=positions.device, dtype=torch.float32) / band)
+        angles = (coords.unsqueeze(-1) * inv_freq).flatten(-2)  # (..., n, 3 * band / 2)
     angles = angles.unsqueeze(-3)  # a head axis
     if angles.dim() == 3:
         angles = angles.unsqueeze(0)
     return angles.cos(), angles.sin()
+
+
+# DALLE-pytorch 1.6.6 (rotary-embedding-torch 0.1.5) places the image at text position 8192 and the text at -10 on
+# the image's [-1, 1] row/column axes, with "pixel" frequencies pi * linspace(1, 5) for the image bands.
+_DP_IMAGE_TEXT_POSITION = 8192.0
+_DP_TEXT_PIXEL_POSITION = -10.0
+_DP_MAX_PIXEL_FREQ = 10.0
+
+
+def _dallepytorch_angles(positions, image, row, col, text_len, fmap, dim_head):
+    """DALLE-pytorch's rotary angles, the same float32 products it forms: its bands have dim_head // 3 features
+    (rounded down to pairs) but its text frequencies divide by the unrounded dim_head // 3."""
+    rot_dim = dim_head // 3
+    pairs = rot_dim // 2
+    device = positions.device
+    text_freq = 1.0 / (ROTARY_BASE ** (torch.arange(0, rot_dim, 2, device=device)[:pairs].float() / rot_dim))
+    pixel_freq = torch.linspace(1.0, _DP_MAX_PIXEL_FREQ / 2, pairs, device=device) * math.pi
+    axis = torch.linspace(-1, 1, steps=fmap, device=device)  # image rows and columns on [-1, 1]
+    text_coord = torch.where(image, _DP_IMAGE_TEXT_POSITION, positions.float())
+    outside = torch.full_like(text_coord, _DP_TEXT_PIXEL_POSITION)
+    row_coord = torch.where(image, axis[row], outside)
+    col_coord = torch.where(image, axis[col], outside)
+    return torch.cat([text_coord.unsqueeze(-1) * text_freq, row_coord.unsqueeze(-1) * pixel_freq,
+                      col_coord.unsqueeze(-1) * pixel_freq], dim=-1)
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -105,7 +139,8 @@ class TokenShift:
         left = torch.where(self.left_ok, self._read(source, self.positions - 1), 0.0)
         top = torch.where(self.top_ok, self._read(source, self.positions - self.fmap), 0.0)
         d = h.shape[-1]
-        half, quarter = d // 2, d // 4
+        # sized as torch.chunk sizes them (DALLE-pytorch's split): rounded up where dim is not a multiple of 4
+        half, quarter = -(-d // 2), -(-d // 4)
         text = torch.cat([left[..., :half], h[..., half:]], dim=-1)
         image = torch.cat([top[..., :quarter], left[..., quarter:2 * quarter], h[..., 2 * quarter:]], dim=-1)
         return torch.where(self.image, image, text).to(h.dtype)

@@ -39,19 +39,33 @@ class Block(nn.Module):
 
     sandwich_norm (CogView's sandwich-LN) adds a second LayerNorm on each branch's output before the residual add,
     bounding what each block can add to the residual stream: x + LayerNorm_out(branch(LayerNorm_in(x))).
+    layer_scale (CaiT, as DALLE-pytorch) multiplies each branch's output, after that norm, by a learned per-feature
+    scale, initialised small so each block starts close to the identity. The scales belong to the block, not to the
+    attention / feed-forward modules, so layers that share those (shared_attn_ids) keep their own.
     """
 
     def __init__(self, dim, heads, dim_head, ff_mult=4, attn_dropout=0.0, ff_dropout=0.0, stable=False,
-                 sandwich_norm=False):
+                 sandwich_norm=False, layer_scale: float | None = None, rotate_values: bool = False):
         super().__init__()
         self.attn_norm = nn.LayerNorm(dim)
-        self.attn = Attention(dim, heads, dim_head, dropout=attn_dropout, stable=stable)
+        self.attn = Attention(dim, heads, dim_head, dropout=attn_dropout, stable=stable, rotate_values=rotate_values)
         self.ff_norm = nn.LayerNorm(dim)
         self.ff = FeedForward(dim, ff_mult, ff_dropout)
         self.sandwich_norm = sandwich_norm
         if sandwich_norm:
             self.attn_out_norm = nn.LayerNorm(dim)
             self.ff_out_norm = nn.LayerNorm(dim)
+        self.attn_scale = self.ff_scale = None
+        if layer_scale is not None:
+            self.attn_scale = nn.Parameter(torch.full((dim,), layer_scale))
+            self.ff_scale = nn.Parameter(torch.full((dim,), layer_scale))
+
+    def branch_output(self, out, which: str):
+        """A branch's contribution to the residual stream: sandwich norm, then LayerScale (either optional)."""
+        if self.sandwich_norm:
+            out = (self.attn_out_norm if which == "attn" else self.ff_out_norm)(out)
+        scale = self.attn_scale if which == "attn" else self.ff_scale
+        return out if scale is None else out * scale
 
     def forward(self, x, cache: KVCache | None = None, start: int = 0, return_attention: bool = False,
                 positions=None, mask=None, rotary=None, shift: TokenShift | None = None):
@@ -60,12 +74,11 @@ class Block(nn.Module):
             h = shift(h, cache, "attn")
         attn_out, weights = self.attn(h, cache=cache, start=start, return_attention=return_attention,
                                       positions=positions, mask=mask, rotary=rotary)
-        ff_in = x + (self.attn_out_norm(attn_out) if self.sandwich_norm else attn_out)
+        ff_in = x + self.branch_output(attn_out, "attn")
         h = self.ff_norm(ff_in)
         if shift is not None:
             h = shift(h, cache, "ff")
-        ff_out = self.ff(h)
-        return ff_in + (self.ff_out_norm(ff_out) if self.sandwich_norm else ff_out), weights
+        return ff_in + self.branch_output(self.ff(h), "ff"), weights
 
 
 class Transformer(nn.Module):
@@ -76,20 +89,25 @@ class Transformer(nn.Module):
 
     def __init__(self, dim, depth, heads, dim_head, ff_mult=4, attn_dropout=0.0, ff_dropout=0.0, stable=False,
                  sandwich_norm=False, *, attn_types=("full",), text_len=None, fmap=None, conv_kernel_size=5,
-                 conv_dilation=1, rotary_emb=False, shift_tokens=False, shared_attn_ids=None, shared_ff_ids=None):
+                 conv_dilation=1, rotary_emb=False, shift_tokens=False, shared_attn_ids=None, shared_ff_ids=None,
+                 layer_scale=False, rotary_style="dalle_lab"):
         """attn_types, shared_attn_ids, shared_ff_ids are cycled over the layers (DALLE-pytorch's rule); text_len
-        (BOS + text) and fmap (grid side) place the image grid in the sequence for the masks, rotary and shift."""
+        (BOS + text) and fmap (grid side) place the image grid in the sequence for the masks, rotary and shift.
+        rotary_style "dallepytorch": DALLE-pytorch's angles, and the values are rotated too (positional.py)."""
         super().__init__()
         self.heads, self.dim_head = heads, dim_head
+        rotate_values = rotary_emb and rotary_style == "dallepytorch"
         self.layers = nn.ModuleList(
-            Block(dim, heads, dim_head, ff_mult, attn_dropout, ff_dropout, stable, sandwich_norm) for _ in range(depth)
+            Block(dim, heads, dim_head, ff_mult, attn_dropout, ff_dropout, stable, sandwich_norm,
+                  layer_scale=layer_scale_init(i) if layer_scale else None, rotate_values=rotate_values)
+            for i in range(depth)
         )
         _share(self.layers, "attn", shared_attn_ids)
         _share(self.layers, "ff", shared_ff_ids)
         self.text_len, self.fmap = text_len, fmap
         self.masks = LayerMasks([attn_types[i % len(attn_types)] for i in range(depth)], text_len, fmap,
                                 conv_kernel_size, conv_dilation)
-        self.rotary_emb, self.shift_tokens = rotary_emb, shift_tokens
+        self.rotary_emb, self.shift_tokens, self.rotary_style = rotary_emb, shift_tokens, rotary_style
         # the default model skips all per-pass extras (positions, masks, angles): its decode step is unchanged
         self.extras = self.masks.sparse or rotary_emb or shift_tokens
 
@@ -133,9 +151,17 @@ class Transformer(nn.Module):
             query_pos = torch.arange(start, start + x.shape[1], device=x.device)
             key_len = start + x.shape[1]
         masks = self.masks.for_pass(query_pos, key_len, mask) if self.masks.sparse else None
-        rotary = rotary_angles(query_pos, self.text_len, self.fmap, self.dim_head) if self.rotary_emb else None
+        rotary = (rotary_angles(query_pos, self.text_len, self.fmap, self.dim_head, self.rotary_style)
+                  if self.rotary_emb else None)
         shift = TokenShift(query_pos, self.text_len, self.fmap) if self.shift_tokens else None
         return masks, rotary, shift
+
+
+def layer_scale_init(index: int) -> float:
+    """LayerScale's initial value for the block at 0-based `index` (CaiT's rule, as DALLE-pytorch): smaller in
+    deeper networks' later blocks."""
+    layer = index + 1
+    return 0.1 if layer <= 18 else 1e-5 if layer <= 24 else 1e-6
 
 
 def _share(layers: nn.ModuleList, name: str, ids):

@@ -134,7 +134,7 @@ class DeepSpeedEngine:
         self.engine.train()
 
     def forward(self, text, image_tokens):
-        return self.engine(text, image_tokens, return_loss=True)
+        return self.engine(text, image_tokens, return_losses=True)
 
     def micro_batch(self, last_micro: bool):
         """DeepSpeed counts micro-batches and reduces at its own accumulation boundary."""

@@ -68,7 +68,7 @@ class PlainEngine:
 
     def forward(self, text, image_tokens):
         with self.precision.autocast():
-            return self.model(text, image_tokens, return_loss=True)
+            return self.model(text, image_tokens, return_losses=True)
 
     def micro_batch(self, last_micro: bool):
         """Context for one micro-batch's forward AND backward: DDP all-reduces gradients only on the last one.

@@ -50,9 +50,14 @@ class VQGanVAE(nn.Module):
     grid side), image_seq_len, identity. Frozen: always in eval mode, no parameter requires grad.
     """
 
-    def __init__(self, vqgan_model_path: str | os.PathLike, vqgan_config_path: str | os.PathLike,
-                 trust_pickle: bool = False):
+    def __init__(self, vqgan_model_path: str | os.PathLike | None = None,
+                 vqgan_config_path: str | os.PathLike | None = None, trust_pickle: bool = False):
         super().__init__()
+        if vqgan_model_path is None or vqgan_config_path is None:
+            # DALLE-pytorch downloaded its ImageNet VQGAN here; nothing is downloaded in dalle_lab
+            raise ValueError("VQGanVAE needs local files: VQGanVAE(vqgan_model_path='model.ckpt', "
+                             "vqgan_config_path='model.yaml') (a taming-transformers checkpoint and its config; "
+                             "nothing is downloaded, and dalle_lab.default_vae() is the shipped Shapes VQGAN)")
         self.model_path = Path(vqgan_model_path)
         self.config_path = Path(vqgan_config_path)
         model_config = taming_format.read_model_config(self.config_path)
