@@ -74,6 +74,19 @@ def load_tokenizer(identity: dict) -> TextTokenizer:
     shipped vocabularies', that shipped file is used.
     """
     path, sha256 = Path(identity["path"]), identity.get("sha256")
+    from dalle_lab.tokenizers.dallepytorch import KINDS as DALLEPYTORCH_KINDS
+
+    if identity.get("kind") in DALLEPYTORCH_KINDS:  # a model converted from DALLE-pytorch reads text as it did
+        if not path.is_file():
+            raise FileNotFoundError(f"the checkpoint's text vocabulary {path} (DALLE-pytorch's "
+                                    f"{identity['kind']}) does not exist on this machine; copy that file here and "
+                                    "pass it with --bpe_path")
+        tokenizer = DALLEPYTORCH_KINDS[identity["kind"]](path)
+        if sha256 is not None and tokenizer.sha256 != sha256:
+            raise ValueError(f"text vocabulary {path} is not the file the checkpoint recorded (sha256 "
+                             f"{tokenizer.sha256[:12]}... now, {sha256[:12]}... recorded): pass the original with "
+                             "--bpe_path")
+        return tokenizer
     if not path.is_file():
         for dataset in SHIPPED_VOCAB_SIZES:
             shipped = shipped_bpe_path(dataset)
