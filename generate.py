@@ -6,7 +6,8 @@
 Writes <outputs_dir>/<caption_with_underscores>/<i>.png, a grid.png per caption, and one line per image in
 <outputs_dir>/manifest.jsonl. The text and image tokenizers are found from what the checkpoint recorded (or where
 --bpe_path / --vqgan_model_path + --vqgan_config_path say they are now). DALLE-pytorch's generate.py command lines
-work too (--top_k 0.9, --gentxt, --hug, ...: docs/training.md).
+work too (--top_k 0.9, --gentxt, --hug, ...: docs/training.md), and so do its checkpoints: --dalle_path may name a
+DALLE-pytorch train_dalle.py file, converted in memory (--bpe_path then names its vocabulary; docs/migrating.md).
 """
 import argparse
 import sys
@@ -20,7 +21,8 @@ DEFAULTS = SamplingSettings()
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--dalle_path", required=True, help="checkpoint written by train_dalle.py (e.g. runs/dalle/dalle.pt)")
+    p.add_argument("--dalle_path", required=True, help="checkpoint written by train_dalle.py (e.g. runs/dalle/dalle.pt), "
+                   "or by DALLE-pytorch's (converted in memory)")
     p.add_argument("--text", required=True, help='caption(s), several separated by "|"')
     p.add_argument("--num_images", type=int, default=8, help="images per caption (default: 8)")
     p.add_argument("--batch_size", type=int, default=16, help="images sampled at once (default: 16)")
@@ -52,6 +54,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the checkpoint's text vocabulary where it is now (it must be the same file: hash checked)")
     p.add_argument("--vqgan_model_path", default=None, help="the checkpoint's VQGAN .ckpt where it is now (same file)")
     p.add_argument("--vqgan_config_path", default=None, help="the checkpoint's VQGAN .yaml where it is now")
+    p.add_argument("--openai_encoder_path", default=None, help="DALLE-pytorch files with OpenAI's VAE: its encoder.pkl")
+    p.add_argument("--openai_decoder_path", default=None, help="DALLE-pytorch files with OpenAI's VAE: its decoder.pkl")
     p.add_argument("--gentxt", action="store_true",
                    help="continue each caption with the model's text head first (printed), then draw the images "
                         "for the completed caption")
@@ -79,7 +83,8 @@ def main(argv=None) -> int:
 
     from dalle_lab.sampling import resolve_top_k
     from dalle_lab.training.captions import warn_unknown_words
-    from dalle_lab.training.checkpoint import CheckpointError, load_dalle
+    from dalle_lab.convert import ConversionError, load_dalle
+    from dalle_lab.training.checkpoint import CheckpointError
     from dalle_lab.training.generation import complete_captions, generate_to_folder
     from dalle_lab.utils import pick_device
 
@@ -87,7 +92,9 @@ def main(argv=None) -> int:
     try:
         device = pick_device(args.device)
         vqgan = (args.vqgan_model_path, args.vqgan_config_path) if args.vqgan_model_path else None
-        dalle, tokenizer, vae = load_dalle(args.dalle_path, device, bpe_path=args.bpe_path, vqgan_paths=vqgan)
+        openai = (args.openai_encoder_path, args.openai_decoder_path) if args.openai_encoder_path else None
+        dalle, tokenizer, vae = load_dalle(args.dalle_path, device, bpe_path=args.bpe_path, vqgan_paths=vqgan,
+                                           hug=args.hug, openai_paths=openai)
         if filter_thres is not None:  # DALLE-pytorch's threshold, counted over the image vocabulary
             top_k = resolve_top_k(None, filter_thres, dalle.config.num_image_tokens)
         args.top_k = top_k  # a count from here on (the attention maps use it too)
@@ -109,7 +116,7 @@ def main(argv=None) -> int:
                                          truncate=args.truncate_captions)
             if args.attention_maps:
                 _attention_maps(dalle, tokenizer, vae, captions, args)
-    except (CheckpointError, ValueError, FileNotFoundError) as err:
+    except (CheckpointError, ConversionError, ValueError, FileNotFoundError) as err:
         print(f"generate.py: error: {err}", file=sys.stderr)
         return 1
     print(f"wrote {len(records)} images for {len(captions)} caption(s) to {args.outputs_dir}/ "

@@ -10,6 +10,7 @@ import torch
 
 from dalle_lab.align.config import AlignConfig
 from dalle_lab.align.policy_gradient import policy_logprobs, token_kl
+from dalle_lab.vae.images import decode_images
 
 
 @torch.no_grad()
@@ -24,7 +25,7 @@ def sample_images(dalle, tokenizer, prompts: Sequence[str], config: AlignConfig,
             text = text.to(next(dalle.parameters()).device)
             batch_tokens, _ = dalle.generate_images(text, return_tokens=True, return_logprobs=True,
                                                     **config.sampling_kwargs())
-            images.append(dalle.vae.decode(batch_tokens).cpu())
+            images.append(decode_images(dalle.vae, batch_tokens).cpu())
             tokens.append(batch_tokens)
             texts.append(text)
     return torch.cat(images), torch.cat(tokens), torch.cat(texts)

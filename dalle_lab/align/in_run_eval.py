@@ -24,6 +24,8 @@ from typing import Sequence
 import numpy as np
 import torch
 
+from dalle_lab.vae.images import decode_images
+
 EVAL_SEED = 4321  # sampling seed of the evaluations (kept apart from the run's seed: same captions, same noise)
 
 
@@ -115,7 +117,7 @@ class RunEvaluator:
                                                 cond_scale=s.cond_scale, return_tokens=True, generator=generator))
             texts.append(text)
         tokens, text = torch.cat(tokens), torch.cat(texts)
-        return text, tokens, dalle.vae.decode(tokens).float().cpu()
+        return text, tokens, decode_images(dalle.vae, tokens).float().cpu()
 
     @torch.no_grad()
     def kl_per_image(self, trainer, text, tokens) -> np.ndarray:

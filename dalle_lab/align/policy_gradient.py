@@ -25,6 +25,7 @@ from dalle_lab.align.logprobs import policy_logprobs, uses_filter  # policy_logp
 from dalle_lab.align.processes import seeded_generator
 from dalle_lab.align.stat_tracking import PerPromptStatTracker, clip_advantages, group_normalize
 from dalle_lab.align.trainer import AlignTrainer, chunks
+from dalle_lab.vae.images import decode_images
 
 LOG_RATIO_LIMIT = 20.0  # exp(20) ~ 5e8: keeps a ratio finite when a token fell out of a filtered (top-k/p) support
 
@@ -111,7 +112,7 @@ class PolicyGradientTrainer(AlignTrainer):
             batch_prompts = prompts[part]
             text = self.tokenize(batch_prompts)
             tokens, logprobs, support = self.sample_tokens(text, self.chunk_generator(self.epoch, chunk))
-            images = self.dalle.vae.decode(tokens)
+            images = decode_images(self.dalle.vae, tokens)
             futures.append(self.reward_worker.submit(images, batch_prompts))
             row = {"text": text, "tokens": tokens, "old_logprobs": logprobs}
             if support is not None:

@@ -31,6 +31,7 @@ from dalle_lab.rewards import RewardWorker, get_reward
 from dalle_lab.training.engine import adamw
 
 from dalle_lab.align.run_files import STATE_FILE, RunFiles  # noqa: F401  (STATE_FILE: re-exported)
+from dalle_lab.vae.images import decode_images
 
 
 def make_optimizer(parameters, config: AlignConfig):
@@ -212,7 +213,7 @@ class AlignTrainer(RunFiles):
     def sample(self, text, generator=None):
         """(images, tokens, log-probs of the sampled tokens under the sampling distribution)."""
         tokens, logprobs, _ = self.sample_tokens(text, generator)
-        return self.dalle.vae.decode(tokens), tokens, logprobs
+        return decode_images(self.dalle.vae, tokens), tokens, logprobs
 
     def chunk_generator(self, *key: int):
         """The generator of one chunk of samples: depends on (seed, epoch, chunk, ...) only, so a chunk's samples are

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -47,6 +48,11 @@ def read_file(path: str | os.PathLike, trust_pickle: bool = False) -> dict:
     path = Path(path)
     if not path.is_file():
         raise ConversionError(f"{path} does not exist: pass the .pt file DALLE-pytorch's train_dalle.py wrote")
+    with open(path, "rb") as handle:
+        head = handle.read(2)
+    if not zipfile.is_zipfile(path) and head[:1] != b"\x80":  # torch.save: a zip file, or a legacy pickle
+        raise ConversionError(f"{path} is not a readable torch file: pass the .pt file DALLE-pytorch's "
+                              "train_dalle.py wrote")
     try:
         ckpt = torch.load(path, map_location="cpu", weights_only=not trust_pickle)
     except pickle.UnpicklingError as err:
@@ -79,13 +85,13 @@ def load_dallepytorch(path: str | os.PathLike, sources: Sources | None = None) -
     ckpt = read_file(path, sources.trust_pickle)
     h = dp.model_hparams(ckpt, path)
     weights = ckpt["weights"]
+    tokenizer = text_tokenizer(h, sources, path)
     num_image_tokens, fmap = dp.image_grid(weights, h, path)
     vae = image_tokenizer(ckpt, sources, path)
     if (vae.num_tokens, vae.fmap_size) != (num_image_tokens, fmap):
         raise ConversionError(f"{path}: its weights predict {num_image_tokens} image tokens on a {fmap}x{fmap} grid but "
                               f"the image tokenizer given has {vae.num_tokens} on {vae.fmap_size}x{vae.fmap_size}: "
                               "pass the VAE it was trained with")
-    tokenizer = text_tokenizer(h, sources, path)
     try:
         config = DALLEConfig(**dp.config_fields(h, num_image_tokens, fmap))
     except ValueError as err:

@@ -28,6 +28,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..sampling import resolve_top_k
+from ..vae.images import decode_images
 from .config import DALLEConfig
 from .decoding import Sampling, plain_decode
 from .linear import Linear
@@ -364,8 +365,7 @@ class DALLE(nn.Module):
         finally:
             self.train(was_training)
 
-        # a DiscreteVAE's decode gives its normalised space (as in DALLE-pytorch); decode_images gives [0, 1]
-        result = tokens if return_tokens else getattr(self.vae, "decode_images", self.vae.decode)(tokens)
+        result = tokens if return_tokens else decode_images(self.vae, tokens)
         return (result, logprobs) if return_logprobs else result
 
 

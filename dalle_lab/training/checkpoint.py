@@ -151,10 +151,14 @@ def read_checkpoint(path: str | os.PathLike, map_location="cpu") -> dict:
     except (pickle.UnpicklingError, RuntimeError, EOFError, OSError) as err:
         raise CheckpointError(f"{path} is not a readable dalle_lab checkpoint ({type(err).__name__}: "
                               f"{str(err).splitlines()[0][:200]}); it may be truncated or from another program") from err
+    if isinstance(ckpt, dict) and "hparams" in ckpt and "weights" in ckpt and "format" not in ckpt:
+        raise CheckpointError(f"{path} is a DALLE-pytorch checkpoint: convert it first: python -m dalle_lab.convert "
+                              f"dallepytorch {path} OUT.pt --bpe_path ITS_VOCABULARY (generate.py and "
+                              "dalle_lab.load_dalle also read it directly)")
     if not isinstance(ckpt, dict) or ckpt.get("format") != CHECKPOINT_FORMAT:
         found = ckpt.get("format") if isinstance(ckpt, dict) else type(ckpt).__name__
         raise CheckpointError(f"{path} is not a dalle_lab DALLE checkpoint (format {found!r}, expected "
-                              f"{CHECKPOINT_FORMAT!r}); DALLE-pytorch or VAE checkpoints cannot be loaded here")
+                              f"{CHECKPOINT_FORMAT!r}); a VAE file is not a DALLE checkpoint")
     return ckpt
 
 

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import torch
 
+from dalle_lab.vae.images import decode_images
+
 
 @dataclass
 class SamplingSettings:
@@ -47,7 +49,7 @@ def sample_images(dalle, vae, tokenizer, captions, settings: SamplingSettings, s
         tokens = dalle.generate_images(text[start:start + batch_size].to(device), top_k=settings.top_k,
                                        top_p=settings.top_p, temperature=settings.temperature,
                                        cond_scale=settings.cond_scale, return_tokens=True, generator=generator)
-        chunks.append(vae.decode(tokens.to(vae.device)).float().cpu())
+        chunks.append(decode_images(vae, tokens.to(vae.device)).float().cpu())
     return torch.cat(chunks)
 
 

@@ -112,6 +112,10 @@ class DiscreteVAE(nn.Module):
         self.path, self._sha256 = Path(path), None
         return self.path
 
+    @property
+    def device(self) -> torch.device:
+        return self.codebook.weight.device
+
     # ----- pixels <-> tokens -----------------------------------------------------------------------------------
 
     def norm(self, images: torch.Tensor) -> torch.Tensor:
@@ -146,7 +150,16 @@ class DiscreteVAE(nn.Module):
 
     def decode_images(self, tokens: torch.Tensor) -> torch.Tensor:
         """(B, n) ids -> images in [0, 1]: decode, undo the normalisation, clamp."""
-        out = self.decode(tokens)
+        return self._to_unit(self.decode(tokens))
+
+    def decode_soft(self, probs: torch.Tensor) -> torch.Tensor:
+        """(B, n, num_tokens) distributions over codes -> images in [0, 1] of their expected codebook vectors
+        (differentiable in probs; reward backpropagation uses it). One-hot probs give decode_images."""
+        side = math.isqrt(probs.shape[1])
+        z = (probs.to(self.codebook.weight.dtype) @ self.codebook.weight).view(probs.shape[0], side, side, -1)
+        return self._to_unit(self.decoder(z.permute(0, 3, 1, 2)))
+
+    def _to_unit(self, out: torch.Tensor) -> torch.Tensor:
         if self.normalization is not None:
             means, stds = (torch.as_tensor(t).to(out).view(1, -1, 1, 1) for t in self.normalization)
             out = out * stds + means

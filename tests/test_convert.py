@@ -1,0 +1,173 @@
+"""Converting DALLE-pytorch checkpoints (dalle_lab.convert), without dalle-pytorch installed.
+
+tests/data/dallepytorch/ holds tiny checkpoints that dalle-pytorch 1.6.6 itself wrote in its train_dalle.py format
+(every weight drawn at random), with the logits and loss it computed for a batch, and its DiscreteVAE's codes and
+decodings. Regenerate in the peer environment (lab/perf/peer_env.py):
+    .peer-venv/bin/python tests/dallepytorch_reference.py tests/data/dallepytorch/job.json tests/data/dallepytorch
+Numbers are compared within float32 tolerances (1e-5), never bit for bit. tests/test_convert_reference.py runs more
+option sets against the live peer.
+"""
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from dalle_lab.convert import ConversionError, Sources, convert_file, load_dallepytorch
+from dalle_lab.convert.__main__ import main as convert_main
+
+DATA = Path(__file__).parent / "data" / "dallepytorch"
+CASES = sorted(json.loads((DATA / "job.json").read_text())["cases"])
+VOCAB = DATA / "text.model"
+
+
+def _close(a, b):
+    torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
+def _check_same_function(model, name):
+    ref = torch.load(DATA / f"{name}.out.pt", weights_only=True)
+    T, V = model.config.text_seq_len, model.config.total_text_tokens
+    with torch.no_grad():
+        logits = model(ref["text"], ref["image"])
+        _close(logits[:, :T, :V], ref["logits"][:, :T, :V])
+        _close(logits[:, T:, V:], ref["logits"][:, T:, V:])
+        _close(model(ref["text"], ref["image"], return_loss=True), ref["loss"])
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_the_command_line_converts_to_a_checkpoint_with_the_same_logits_and_loss(name, tmp_path, capsys):
+    from dalle_lab.training.checkpoint import load_dalle
+
+    out = tmp_path / "converted.pt"
+    assert convert_main(["dallepytorch", str(DATA / f"{name}.pt"), str(out), "--bpe_path", str(VOCAB)]) == 0
+    assert "wrote" in capsys.readouterr().out
+    model, tokenizer, vae = load_dalle(out)  # the reader generate.py and train_dalle.py --dalle_path use
+    assert tokenizer.kind == "dallepytorch_yttm" and vae.path == tmp_path / "converted.vae.pt"
+    _check_same_function(model, name)
+
+
+def test_discrete_vae_keeps_dallepytorchs_encoding_and_decoding_and_trains():
+    vae = load_dallepytorch(DATA / "plain.pt", Sources(bpe_path=str(VOCAB))).vae
+    ref = torch.load(DATA / "vae.out.pt", weights_only=True)
+    with torch.no_grad():
+        _close(vae(ref["images"], return_logits=True), ref["logits"])
+        assert torch.equal(vae.get_codebook_indices(ref["images"]), ref["codes"])
+        _close(vae.decode(ref["codes"]), ref["decoded"])
+        images = vae.decode_images(ref["codes"])
+        assert images.min() >= 0 and images.max() <= 1
+    vae.train()
+    loss = vae(ref["images"], return_loss=True)
+    loss.backward()
+    assert loss.dim() == 0 and vae.codebook.weight.grad.abs().sum() > 0
+
+
+def test_load_dalle_takes_the_dallepytorch_file_directly_with_a_one_line_note():
+    import dalle_lab
+
+    note = io.StringIO()
+    model, tokenizer, vae = dalle_lab.load_dalle(DATA / "class_defaults.pt", bpe_path=VOCAB, note=note)
+    assert note.getvalue().count("\n") == 1 and "converted in memory" in note.getvalue()
+    _check_same_function(model, "class_defaults")
+    text = tokenizer.tokenize(["a red circle"], model.config.text_seq_len)
+    images = model.generate_images(text, filter_thres=0.9, generator=torch.Generator().manual_seed(0))
+    assert images.shape == (1, 3, vae.image_size, vae.image_size) and 0 <= images.min() and images.max() <= 1
+
+
+def test_vqgan_models_take_the_users_vqgan_and_check_its_codebook(tmp_path):
+    from dalle_lab.vae import VQGanVAE, make_tiny_vqgan
+
+    ckpt = torch.load(DATA / "plain.pt", weights_only=True)
+    ckpt_path, yaml_path = make_tiny_vqgan(tmp_path, image_size=16, n_embed=20)  # 4 x 4 tokens of 20 codes
+    codebook = VQGanVAE(ckpt_path, yaml_path).codebook
+    ckpt["weights"] = {k: v for k, v in ckpt["weights"].items() if not k.startswith("vae.")}
+    ckpt["weights"]["vae.model.quantize.embedding.weight"] = codebook.clone()
+    ckpt.update(vae_class_name="VQGanVAE", vae_params=None)
+    torch.save(ckpt, tmp_path / "vqgan_dalle.pt")
+    with pytest.raises(ConversionError, match=r"vqgan_dalle.pt: vae_class_name VQGanVAE: pass .*--vqgan_model_path"):
+        load_dallepytorch(tmp_path / "vqgan_dalle.pt", Sources(bpe_path=str(VOCAB)))
+    sources = Sources(bpe_path=str(VOCAB), vqgan_model_path=str(ckpt_path), vqgan_config_path=str(yaml_path))
+    _check_same_function(load_dallepytorch(tmp_path / "vqgan_dalle.pt", sources).model, "plain")
+    out = convert_file(tmp_path / "vqgan_dalle.pt", tmp_path / "out.pt", sources)
+    assert torch.load(out, weights_only=True)["vae"]["kind"] == "taming_vqgan"
+    ckpt["weights"]["vae.model.quantize.embedding.weight"] = codebook + 1
+    torch.save(ckpt, tmp_path / "vqgan_dalle.pt")
+    with pytest.raises(ConversionError, match="is not the VQGAN this model was trained with"):
+        load_dallepytorch(tmp_path / "vqgan_dalle.pt", sources)
+
+
+def _edited(tmp_path, name="plain", **changes):
+    ckpt = torch.load(DATA / f"{name}.pt", weights_only=True)
+    for key, value in changes.items():
+        if key == "hparams":
+            ckpt["hparams"] = {**ckpt["hparams"], **value}
+        elif key == "weights":
+            ckpt["weights"] = value(ckpt["weights"])
+        else:
+            ckpt[key] = value
+    path = tmp_path / "edited.pt"
+    torch.save(ckpt, path)
+    return path
+
+
+BAD = {
+    "version": (dict(version="0.14.3"), r"edited.pt: version '0.14.3': only DALLE-pytorch 1.x"),
+    "reversible": (dict(hparams=dict(reversible=True)), r"edited.pt: hparams.reversible=True: .*two residual streams"),
+    "sparse": (dict(hparams=dict(attn_types=("full", "sparse"))), r"edited.pt: hparams.attn_types/sparse_attn .*sparse"),
+    "unknown_option": (dict(hparams=dict(cross_attend=True)), r"edited.pt: hparams \['cross_attend'\] are not"),
+    "vae_weights_missing": (dict(weights=lambda w: {k: v for k, v in w.items() if not k.startswith("vae.")}),
+                            r"edited.pt: a DiscreteVAE model whose weights have no 'vae.\*' entries"),
+    "vae_params_missing": (dict(vae_params="oops"), r"edited.pt: vae_class_name DiscreteVAE but field 'vae_params'"),
+    "openai_paths": (dict(vae_class_name="OpenAIDiscreteVAE", vae_params=None),
+                     r"edited.pt: vae_class_name OpenAIDiscreteVAE: pass .*--openai_encoder_path"),
+    "deepspeed_aux": (dict(weights=lambda w: "To get a working standard checkpoint, look into consolidating"),
+                      r"edited.pt: field 'weights' holds no weights .*zero_to_fp32"),
+    "extra_weight": (dict(weights=lambda w: {**w, "transformer.layers.layers.9.0.scale": torch.ones(1, 1, 16)}),
+                     r"edited.pt: weights \['transformer.layers.layers.9.0.scale'\] have no place"),
+    "missing_weight": (dict(weights=lambda w: {k: v for k, v in w.items() if k != "text_pos_emb.weight"}),
+                       r"edited.pt: weights lack 'text_pos_emb.weight'"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD))
+def test_bad_files_get_one_line_naming_file_field_and_fix(case, tmp_path):
+    changes, message = BAD[case]
+    with pytest.raises(ConversionError, match=message) as err:
+        load_dallepytorch(_edited(tmp_path, **changes), Sources(bpe_path=str(VOCAB)))
+    assert "\n" not in str(err.value)
+
+
+def test_tokenizer_problems_name_the_vocabulary_and_the_fix(tmp_path):
+    with pytest.raises(ConversionError, match=r"plain.pt: DALLE-pytorch checkpoints do not record .*--bpe_path"):
+        load_dallepytorch(DATA / "plain.pt", Sources())
+    clip_sized = _edited(tmp_path, weights=lambda w: w, hparams=dict(num_text_tokens=49408))
+    with pytest.raises(ConversionError, match=r"SimpleTokenizer: pass CLIP's merges file"):
+        load_dallepytorch(clip_sized, Sources())
+    from dalle_lab.tokenizers import train_bpe
+
+    other = train_bpe(["one two three four five six"], 30, tmp_path / "other.model")
+    with pytest.raises(ConversionError, match=rf"num_text_tokens is 40 but --bpe_path {tmp_path}/other.model has "
+                                              rf"{other.vocab_size} tokens"):
+        load_dallepytorch(DATA / "plain.pt", Sources(bpe_path=str(other.path)))
+
+
+def test_neither_format_and_dalle_lab_files_are_told_apart(tmp_path):
+    torch.save({"state_dict": {}}, tmp_path / "other.pt")
+    with pytest.raises(ConversionError, match=r"other.pt is neither a DALLE-pytorch .* nor a dalle_lab one"):
+        load_dallepytorch(tmp_path / "other.pt", Sources(bpe_path=str(VOCAB)))
+    (tmp_path / "text.txt").write_text("not a checkpoint")
+    with pytest.raises(ConversionError, match=r"text.txt is not a readable torch file"):
+        load_dallepytorch(tmp_path / "text.txt", Sources(bpe_path=str(VOCAB)))
+    assert convert_main(["dallepytorch", str(tmp_path / "other.pt"), str(tmp_path / "out.pt")]) == 2
+    assert not (tmp_path / "out.pt").exists()
+
+
+def test_dalle_lab_reader_points_dallepytorch_files_to_the_converter():
+    from dalle_lab.training.checkpoint import CheckpointError, read_checkpoint
+
+    with pytest.raises(CheckpointError, match=r"plain.pt is a DALLE-pytorch checkpoint: convert it first: python -m "
+                                              r"dalle_lab.convert dallepytorch"):
+        read_checkpoint(DATA / "plain.pt")
