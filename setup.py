@@ -30,6 +30,8 @@ setup(
         "numpy>=1.23",
         "tqdm>=4.60",
         "tokenizers>=0.15",
+        "ftfy>=6",  # DALLE-pytorch's default tokenizer (CLIP's BPE) cleans captions with it
+        "regex>=2022.1",  # CLIP's pre-tokenizer needs Unicode classes (\p{L}, \p{N})
         "safetensors>=0.4",
         "webdataset>=0.2.80",
         "matplotlib>=3.6",
