@@ -162,7 +162,8 @@ ONE_LINE_ERRORS = [
     (["--distributed_backend", "gloo"], "--distributed_backend 'gloo': choose deepspeed"),
     (["--chinese"], "--chinese: no Chinese vocabulary ships with dalle_lab: train one on your captions with python -m "
                     "dalle_lab.tokenizers.train"),
-    (["--vae_path", "vae.pt"], "--vae_path vae.pt: DALLE-pytorch's discrete VAE checkpoints cannot be used here"),
+    (["--vae_path", "vae.pt"], "--vae_path vae.pt: not a VQGAN (.ckpt beside its .yaml, or train_vae.py's folder) nor "
+                               "a DALLE-pytorch DiscreteVAE .pt"),
     (["--flops_profiler"], "--flops_profiler is DeepSpeed's flops profiler: add --deepspeed"),
     (["--fp16", "--no-amp"], "--fp16 asks for fp16 mixed precision but --no-amp"),
     (["--fp16", "--amp_dtype", "bf16"], "--fp16 asks for fp16 mixed precision but --no-amp or --amp_dtype bf16"),
@@ -248,6 +249,16 @@ def test_vae_path_names_a_train_vae_vqgan(tiny_vqgan, tmp_path, capsys):
     assert code == 0 and saved(checkpoint)["vae"]["model_path"].endswith("vqgan.ckpt")
     with pytest.raises(FlagError, match="give only --vqgan_model_path"):
         parse("--vae_path", folder, *vqgan_flags(tiny_vqgan))
+
+
+def test_vae_path_names_a_dallepytorch_discrete_vae(tmp_path):
+    from dalle_lab.vae import DiscreteVAE
+
+    path = DiscreteVAE(image_size=32, num_layers=2, num_tokens=16, codebook_dim=8, hidden_dim=8).save(tmp_path / "v.pt")
+    cfg, _, notes = parse("--vae_path", path)
+    assert cfg.discrete_vae_path == str(path) and "DiscreteVAE" in notes[0]
+    code, checkpoint = train(tmp_path, "--vae_path", path)
+    assert code == 0 and saved(checkpoint)["vae"]["kind"] == "dallepytorch_discrete_vae"
 
 
 def _image_folder(root, count=4, size=(48, 40)):

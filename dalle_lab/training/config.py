@@ -29,6 +29,7 @@ class TrainConfig:
     bpe_path: str | None = None  # None: the shipped vocabulary
     vqgan_model_path: str | None = None  # None (with no config path): the default Shapes image tokenizer
     vqgan_config_path: str | None = None
+    discrete_vae_path: str | None = None  # a DALLE-pytorch DiscreteVAE file (vae/discrete.py) instead of a VQGAN
 
     # budget: training stops at whichever of these comes first (Shapes is an endless stream: use steps/minutes)
     epochs: int | None = None

@@ -25,7 +25,8 @@ BACKENDS = ("deepspeed", "horovod")  # DALLE-pytorch's --distributed_backend val
 
 # the settings (dest names) each translated flag gives, so a `--resume` knows the command line set them
 GIVES = {"fp16": ("amp", "amp_dtype"), "stable_softmax": ("stable",), "reversible": ("gradient_checkpointing",),
-         "vae_path": ("vqgan_model_path", "vqgan_config_path"), "distributed_backend": ("deepspeed",)}
+         "vae_path": ("vqgan_model_path", "vqgan_config_path", "discrete_vae_path"),
+         "distributed_backend": ("deepspeed",)}
 
 _TRAIN_FLAGS = ("fp16", "stable_softmax", "reversible", "taming", "hug", "chinese", "vae_path")
 
@@ -40,7 +41,8 @@ def add_train_flags(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--hug", action="store_true", help="--bpe_path is a HuggingFace tokenizers JSON (checked)")
     group.add_argument("--chinese", action="store_true", help="no Chinese vocabulary ships: train one, --bpe_path")
     group.add_argument("--vae_path", default=None,
-                       help="a train_vae.py VQGAN (.ckpt beside its .yaml, or its folder); DiscreteVAEs: no")
+                       help="a train_vae.py VQGAN (.ckpt beside its .yaml, or its folder), or DALLE-pytorch's "
+                            "DiscreteVAE .pt")
     group.add_argument("--distributed_backend", "--distr_backend", default=None, metavar="{deepspeed}",
                        help="deepspeed: train with DeepSpeed (DALLE-pytorch's flag; horovod: use torchrun)")
 
@@ -108,16 +110,20 @@ def _fp16(args) -> str:
 
 def _vae_path(args, vae_path: str, notes: list[str]) -> None:
     """train_vae.py here writes <out_dir>/vqgan.ckpt + vqgan.yaml: --vae_path naming either is a sensible mapping.
-    DALLE-pytorch's own DiscreteVAE .pt files cannot be used (another architecture and format)."""
+    A DALLE-pytorch DiscreteVAE file (its train_vae.py's {"hparams", "weights"}) is used as that DiscreteVAE."""
     path = Path(vae_path)
     if args.vqgan_model_path or args.vqgan_config_path:
         raise FlagError("--vae_path and --vqgan_model_path/--vqgan_config_path both name an image tokenizer: give "
                         "only --vqgan_model_path and --vqgan_config_path")
+    if path.is_file() and path.suffix == ".pt":
+        args.discrete_vae_path = str(path)
+        notes.append(f"--vae_path: using DALLE-pytorch's DiscreteVAE {path}")
+        return
     model, config = (path / "vqgan.ckpt", path / "vqgan.yaml") if path.is_dir() else (path, path.with_suffix(".yaml"))
     if model.suffix != ".ckpt" or not model.is_file() or not config.is_file():
-        raise FlagError(f"--vae_path {vae_path}: DALLE-pytorch's discrete VAE checkpoints cannot be used here (the "
-                        "image tokenizer is a taming VQGAN): pass --vqgan_model_path X.ckpt --vqgan_config_path "
-                        "X.yaml (python train_vae.py trains one)")
+        raise FlagError(f"--vae_path {vae_path}: not a VQGAN (.ckpt beside its .yaml, or train_vae.py's folder) nor a "
+                        "DALLE-pytorch DiscreteVAE .pt: pass --vqgan_model_path X.ckpt --vqgan_config_path X.yaml, "
+                        "or the DiscreteVAE's .pt file")
     args.vqgan_model_path, args.vqgan_config_path = str(model), str(config)
     notes.append(f"--vae_path: using the VQGAN {model} with its config {config}")
 

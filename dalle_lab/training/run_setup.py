@@ -83,6 +83,10 @@ def vae_from_flags(cfg: TrainConfig):
         from dalle_lab.vae import VQGanVAE
 
         return VQGanVAE(cfg.vqgan_model_path, cfg.vqgan_config_path)
+    if cfg.discrete_vae_path:
+        from dalle_lab.vae import load_discrete_vae
+
+        return load_discrete_vae(cfg.discrete_vae_path)
     from dalle_lab.vae import default_vae
 
     return default_vae(dataset=builtin_name(cfg))
