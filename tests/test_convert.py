@@ -171,3 +171,30 @@ def test_dalle_lab_reader_points_dallepytorch_files_to_the_converter():
     with pytest.raises(CheckpointError, match=r"plain.pt is a DALLE-pytorch checkpoint: convert it first: python -m "
                                               r"dalle_lab.convert dallepytorch"):
         read_checkpoint(DATA / "plain.pt")
+
+
+def test_openai_vae_reads_openais_pickled_modules_as_dallepytorch_did(tmp_path):
+    dall_e = pytest.importorskip("dall_e", reason="OpenAI's DALL-E package (pip install DALL-E) is not installed")
+    from dalle_lab.vae import OpenAIDiscreteVAE
+
+    torch.manual_seed(0)
+    cpu = torch.device("cpu")
+    encoder = dall_e.Encoder(n_hid=8, n_blk_per_group=1, requires_grad=False, device=cpu)
+    decoder = dall_e.Decoder(n_init=8, n_hid=8, n_blk_per_group=1, requires_grad=False, device=cpu)
+    torch.save(encoder, tmp_path / "encoder.pkl")  # OpenAI's files are whole pickled modules like these
+    torch.save(decoder, tmp_path / "decoder.pkl")
+    vae = OpenAIDiscreteVAE(tmp_path / "encoder.pkl", tmp_path / "decoder.pkl")
+    images = torch.rand(1, 3, 256, 256)
+    with torch.no_grad():
+        codes = vae.get_codebook_indices(images)
+        assert torch.equal(codes, encoder(dall_e.map_pixels(images)).argmax(dim=1).flatten(1))
+        one_hot = torch.nn.functional.one_hot(codes.view(1, 32, 32), 8192).permute(0, 3, 1, 2).float()
+        expected = dall_e.unmap_pixels(torch.sigmoid(decoder(one_hot).float()[:, :3]))
+        _close(vae.decode(codes), expected)
+    assert vae.identity["kind"] == "openai_discrete_vae"
+    edited = _edited(tmp_path, vae_class_name="OpenAIDiscreteVAE", vae_params=None)
+    sources = Sources(bpe_path=str(VOCAB), openai_encoder_path=str(tmp_path / "encoder.pkl"),
+                      openai_decoder_path=str(tmp_path / "decoder.pkl"))
+    with pytest.raises(ConversionError, match=r"edited.pt: its weights predict 20 image tokens on a 4x4 grid but the "
+                                              r"image tokenizer given has 8192 on 32x32"):
+        load_dallepytorch(edited, sources)

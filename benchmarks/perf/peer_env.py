@@ -26,6 +26,10 @@ PEER_NEEDS = [
     "pyyaml",
     "tqdm",
     "packaging",
+    # dalle_pytorch.tokenizer's own needs (its SimpleTokenizer is the reference for dalle_lab's; the convert tests)
+    "ftfy",
+    "regex",
+    "tokenizers",
 ]
 _MARKER = "dalle_lab-peer-ready.txt"  # written last, so a half-built environment is rebuilt next time
 
