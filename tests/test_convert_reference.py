@@ -88,6 +88,7 @@ def test_converted_model_computes_dallepytorchs_logits_and_loss(peer, name, tmp_
         loss = model(ref["text"], ref["image"], return_loss=True)
     torch.testing.assert_close(logits[:, :T, :V_text], ref["logits"][:, :T, :V_text], rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(logits[:, T:, V_text:], ref["logits"][:, T:, V_text:], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(logits, ref["logits"], rtol=1e-5, atol=1e-5)  # the masked entries too, as they are
     torch.testing.assert_close(loss, ref["loss"], rtol=1e-5, atol=1e-5)
 
 

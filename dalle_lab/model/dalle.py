@@ -45,7 +45,7 @@ class DALLEOutput(NamedTuple):
     loss: torch.Tensor | None  # (loss_text + w * loss_img) / (w + 1)
     loss_text: torch.Tensor | None
     loss_img: torch.Tensor | None
-    logits: torch.Tensor | None  # (B, T + N, total_text_tokens + num_image_tokens), masked entries -inf
+    logits: torch.Tensor | None  # (B, T + N, total_text_tokens + num_image_tokens), masked: the most negative float
 
 
 class DALLE(nn.Module):
@@ -209,7 +209,7 @@ class DALLE(nn.Module):
         """text (B, text_seq_len) ids, 0 = pad; image pixels (B, 3, H, W) (needs the vae) or ids (B, image_seq_len).
 
         As DALLE-pytorch: `dalle(text, image)` returns the joint masked logits (B, T + N, text vocab + image vocab),
-        masked entries -inf; `dalle(text, image, return_loss=True)` returns the loss tensor,
+        masked entries the most negative float; `dalle(text, image, return_loss=True)` returns the loss tensor,
         (loss_text + w * loss_img) / (w + 1). return_losses=True returns DALLEOutput(loss, loss_text, loss_img,
         logits) instead (what the package's own training logs); its logits are built only with return_logits=True,
         since the losses come straight from the two heads.
@@ -240,8 +240,10 @@ class DALLE(nn.Module):
         wants_loss = return_loss or return_losses
         logits = None
         if return_logits or (return_logits is None and not wants_loss):
-            logits = torch.cat([F.pad(text_logits, (0, cfg.num_image_tokens), value=float("-inf")),
-                                F.pad(image_logits, (cfg.total_text_tokens, 0), value=float("-inf"))], dim=1)
+            # masked entries hold the most negative float, as DALLE-pytorch's (so its logits compare as they are)
+            masked = -torch.finfo(text_logits.dtype).max
+            logits = torch.cat([F.pad(text_logits, (0, cfg.num_image_tokens), value=masked),
+                                F.pad(image_logits, (cfg.total_text_tokens, 0), value=masked)], dim=1)
         if not wants_loss:
             return logits
 
