@@ -40,6 +40,7 @@ def _no_fallback(fn):
 
 @needs_compiler
 @pytest.mark.parametrize("extra", [dict(stable=True), dict(sandwich_norm=True), dict(share_input_output_emb=True),
+                                   dict(layer_scale=True),
                                    dict(shared_attn_ids=(0, 0), shared_ff_ids=(0, 0))])
 def test_compiled_options_and_inference_mode(cheap_compile, extra):
     model = _model(**extra)

@@ -60,6 +60,8 @@ def test_discrete_vae_keeps_dallepytorchs_encoding_and_decoding_and_trains():
         _close(vae.decode(ref["codes"]), ref["decoded"])
         images = vae.decode_images(ref["codes"])
         assert images.min() >= 0 and images.max() <= 1
+        one_hot = torch.nn.functional.one_hot(ref["codes"], vae.num_tokens).float()
+        _close(vae.decode_soft(one_hot), images)  # what reward backpropagation decodes
     vae.train()
     loss = vae(ref["images"], return_loss=True)
     loss.backward()

@@ -11,7 +11,8 @@ from tiny_models import opinionated_dalle
 
 TEXT = torch.tensor([[3, 9, 4, 0, 0], [7, 1, 0, 0, 0], [2, 2, 2, 2, 2]])
 SUPPORTED = [dict(), dict(stable=True), dict(sandwich_norm=True), dict(depth=3, shared_attn_ids=(0, 0, 1),
-             shared_ff_ids=(0, 1, 1)), dict(share_input_output_emb=True)]
+             shared_ff_ids=(0, 1, 1)), dict(share_input_output_emb=True), dict(layer_scale=True, sandwich_norm=True),
+             dict(layer_scale=True, stable=True, stable_style="dallepytorch", depth=3, shared_attn_ids=(0, 0, 1))]
 KINDS = ["linear", "wt"] + (["onednn"] if torch.backends.mkldnn.is_available() else [])
 UNSUPPORTED = [dict(attn_types=("full", "axial_row")), dict(attn_types=("conv_like",)), dict(rotary_emb=True),
                dict(shift_tokens=True)]
