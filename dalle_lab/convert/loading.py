@@ -22,10 +22,13 @@ def load_dalle(path: str | os.PathLike, device="cpu", bpe_path=None, vqgan_paths
     from dalle_lab.training.checkpoint import load_dalle as load_native
     from .dallepytorch import is_dallepytorch_checkpoint
 
-    try:
-        peek = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-    except Exception:  # unreadable or pickled objects: each loader gives its own one-line message
-        peek = None
+    peek = None
+    for mmap in (True, False):  # mmap reads only what is touched; files of torch < 1.6 need a plain load
+        try:
+            peek = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
+            break
+        except Exception:  # unreadable or pickled objects: each loader gives its own one-line message
+            continue
     if not is_dallepytorch_checkpoint(peek):
         return load_native(path, device=device, bpe_path=bpe_path, vqgan_paths=vqgan_paths)
     vqgan_paths, openai_paths = vqgan_paths or (None, None), openai_paths or (None, None)
