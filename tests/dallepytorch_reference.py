@@ -30,7 +30,9 @@ def perturbed(model, seed):
 
 def main(job_path, out_dir):
     job = json.loads(Path(job_path).read_text())
-    sys.path.insert(0, job["shims"])
+    root = Path(__file__).resolve().parents[1]
+    shims = [Path(job["shims"]), root / "lab" / "perf", root / "benchmarks" / "perf"]  # wherever peer_shims.py is now
+    sys.path.insert(0, str(next(d for d in shims if (d / "peer_shims.py").is_file())))
     import peer_shims
 
     dp = peer_shims.import_peer()
