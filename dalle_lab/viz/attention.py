@@ -19,6 +19,8 @@ from pathlib import Path
 
 import torch
 
+from dalle_lab.vae.images import decode_images
+
 PAD_LABEL = "<pad>"
 
 
@@ -92,7 +94,7 @@ def _decoded_image(dalle, image_tokens):
     if getattr(dalle, "vae", None) is None:
         return None
     with torch.no_grad():
-        image = dalle.vae.decode(image_tokens)[0]
+        image = decode_images(dalle.vae, image_tokens)[0]
     return image.clamp(0, 1).permute(1, 2, 0).float().cpu().numpy()
 
 
