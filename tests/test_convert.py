@@ -203,3 +203,14 @@ def test_openai_vae_reads_openais_pickled_modules_as_dallepytorch_did(tmp_path):
     with pytest.raises(ConversionError, match=r"edited.pt: its weights predict 20 image tokens on a 4x4 grid but the "
                                               r"image tokenizer given has 8192 on 32x32"):
         load_dallepytorch(edited, sources)
+
+
+@pytest.mark.parametrize("name", ["class_defaults", "attn_types", "sandwich_stable"])
+def test_cached_and_speculative_decoding_of_a_converted_model_follow_its_full_pass(name):
+    """Greedy decoding through the KV cache (DALLE-pytorch's rotary rotates the cached values too) and through
+    speculative windows picks the tokens a full uncached pass picks."""
+    model = load_dallepytorch(DATA / f"{name}.pt", Sources(bpe_path=str(VOCAB))).model
+    text = torch.load(DATA / f"{name}.out.pt", weights_only=True)["text"]
+    runs = [model.generate_images(text, top_k=1, return_tokens=True, use_cache=cache, speculative=spec)
+            for cache, spec in ((False, False), (True, False), (True, True))]
+    assert torch.equal(runs[0], runs[1]) and torch.equal(runs[0], runs[2])
