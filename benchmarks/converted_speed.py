@@ -43,6 +43,7 @@ def peer_worker(args) -> None:
     import torch
 
     dp = peer_shims.import_peer()
+    torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     job = json.loads(args.job)
     vae = dp.DiscreteVAE(**job["vae"])
@@ -68,6 +69,7 @@ def ours_worker(args) -> None:
 
     from dalle_lab.training.checkpoint import load_dalle
 
+    torch.set_num_threads(args.threads)
     job = json.loads(args.job)
     dalle, _, _ = load_dalle(args.checkpoint)
     text = torch.randint(1, job["num_text_tokens"], (job["batch"], job["model"]["text_seq_len"]),
@@ -87,6 +89,7 @@ def main(argv=None) -> int:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--tiny", action="store_true", help="a tiny model: checks the script, measures nothing")
+    parser.add_argument("--threads", type=int, default=2, help="torch threads in every timed process (default 2)")
     parser.add_argument("--out", default=None, help="results file (default reports/convert/converted_speed-<time>)")
     parser.add_argument("--peer", choices=["make", "time"], help=argparse.SUPPRESS)
     parser.add_argument("--ours", action="store_true", help=argparse.SUPPRESS)
@@ -111,7 +114,7 @@ def main(argv=None) -> int:
     me = str(Path(__file__).resolve())
     with tempfile.TemporaryDirectory() as tmp:
         original, converted = Path(tmp) / "dallepytorch.pt", Path(tmp) / "converted.pt"
-        common = ["--shims", str(shims), "--job", json.dumps(job)]
+        common = ["--shims", str(shims), "--job", json.dumps(job), "--threads", str(args.threads)]
         subprocess.run([peer, me, "--peer", "make", "--checkpoint", str(original), *common], check=True)
         subprocess.run([sys.executable, "-m", "dalle_lab.convert", "dallepytorch", str(original), str(converted),
                         "--bpe_path", str(VOCAB)], check=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
@@ -126,6 +129,7 @@ def main(argv=None) -> int:
     cpu = open("/proc/cpuinfo").read()
     record = {"command": " ".join([Path(sys.executable).name, *sys.argv]), "config": job, "git_commit": git_commit(),
               "seeds": {"weights": 0, "text": 1, "sampling": 2}, "cpu_avx512_bf16": "avx512_bf16" in cpu,
+              "threads": args.threads, "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
               "loadavg_before": load_before, "loadavg_after": os.getloadavg(), "seconds": times, "medians": medians,
               "speedup_median": medians["dallepytorch"] / medians["dalle_lab"], "tiny_check_only": args.tiny}
     out = args.out or f"reports/convert/converted_speed-{time.strftime('%Y%m%d-%H%M')}.json"
