@@ -214,3 +214,25 @@ def test_cached_and_speculative_decoding_of_a_converted_model_follow_its_full_pa
     runs = [model.generate_images(text, top_k=1, return_tokens=True, use_cache=cache, speculative=spec)
             for cache, spec in ((False, False), (True, False), (True, True))]
     assert torch.equal(runs[0], runs[1]) and torch.equal(runs[0], runs[2])
+
+
+def test_converted_checkpoints_feed_generate_and_continued_training(tmp_path):
+    from PIL import Image
+
+    from test_cli import script_main
+
+    converted = convert_file(DATA / "class_defaults.pt", tmp_path / "c.pt", Sources(bpe_path=str(VOCAB)))
+    folder = tmp_path / "data"
+    folder.mkdir()
+    for i in range(2):  # 16 px images, the converted DiscreteVAE's size
+        Image.new("RGB", (16, 16), (90 * i, 40, 200)).save(folder / f"{i}.png")
+        (folder / f"{i}.txt").write_text("a red\n")
+    code = script_main("train_dalle.py", "--dalle_path", converted, "--image_text_folder", folder, "--max_steps", "1",
+                       "--batch_size", "2", "--output_dir", tmp_path / "run", "--no-progress")
+    assert code == 0
+    trained = torch.load(tmp_path / "run" / "dalle.pt", weights_only=True)
+    assert trained["config"]["rotary_style"] == "dallepytorch" and trained["vae"]["kind"] == "dallepytorch_discrete_vae"
+    assert script_main("generate.py", "--dalle_path", tmp_path / "run" / "dalle.pt", "--text", "a red", "--num_images",
+                       "1", "--outputs_dir", tmp_path / "out") == 0
+    assert script_main("generate.py", "--dalle_path", DATA / "class_defaults.pt", "--bpe_path", VOCAB, "--text",
+                       "a red", "--num_images", "1", "--outputs_dir", tmp_path / "direct") == 0
