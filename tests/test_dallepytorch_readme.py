@@ -66,6 +66,17 @@ def test_train_dalle_with_the_vae_then_generate_prime_and_guide():
     assert images.shape == (4, 3, 32, 32)
 
 
+def test_generate_texts(tmp_path):
+    from dalle_lab import DALLE, DiscreteVAE
+    from dalle_lab.tokenizers import train_bpe
+
+    tokenizer = train_bpe(["a red circle", "a blue square"], 40, tmp_path / "v.model")
+    vae = DiscreteVAE(image_size=16, num_layers=2, num_tokens=16, codebook_dim=8, hidden_dim=8)
+    dalle = DALLE(dim=32, vae=vae, num_text_tokens=tokenizer.vocab_size, text_seq_len=8, depth=1, heads=2, dim_head=16)
+    text_tokens, texts = dalle.generate_texts(tokenizer, "a red")  # "you may also want to generate text"
+    assert text_tokens.shape == (1, 8) and texts[0].startswith("a red")
+
+
 def test_taming_vqgan_takes_its_two_paths_and_without_them_says_so(tmp_path):
     from dalle_lab import VQGanVAE  # was: from dalle_pytorch import VQGanVAE
     from dalle_lab.vae import make_tiny_vqgan

@@ -291,6 +291,18 @@ class DALLE(nn.Module):
 
     # ----- generation ---------------------------------------------------------------------------------------
 
+    def generate_texts(self, tokenizer, text: str | None = None, *, filter_thres: float = 0.5,
+                       temperature: float = 1.0, generator: torch.Generator | None = None):
+        """DALLE-pytorch's call: continue the caption `text` (None or "": from nothing) with the text head ->
+        (text tokens (1, text_seq_len), [the caption]). model/text_sampling.py has the batched form."""
+        from .text_sampling import generate_texts
+
+        prompt = tokenizer.tokenize([text or ""], self.config.text_seq_len, truncate_text=True)
+        device = self.text_emb.weight.device
+        tokens = generate_texts(self, prompt.to(device), filter_thres=filter_thres, temperature=temperature,
+                                generator=generator)
+        return tokens, [tokenizer.decode(row) for row in tokens]
+
     @torch.no_grad()
     def generate_images(self, text: torch.Tensor, *, top_k: int | None = None, filter_thres: float | None = None,
                         top_p: float | None = None, temperature: float = 1.0, cond_scale: float = 1.0,
