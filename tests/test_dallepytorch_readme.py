@@ -93,3 +93,15 @@ def test_openai_vae_without_its_files_says_which_are_needed():
 
     with pytest.raises(ValueError, match=r"encoder.pkl and decoder.pkl .*OpenAIDiscreteVAE\('encoder.pkl'"):
         OpenAIDiscreteVAE()
+
+
+def test_dallepytorch_only_switches_are_accepted_or_refused_in_one_line():
+    from dalle_lab import DALLE
+
+    fields = dict(dim=16, num_text_tokens=20, text_seq_len=4, depth=1, heads=2, dim_head=8, num_image_tokens=8,
+                  image_fmap_size=2)
+    DALLE(reversible=False, sparse_attn=False, optimize_for_inference=True, **fields)  # what train scripts pass
+    with pytest.raises(ValueError, match=r"^reversible=True .* is not implemented"):
+        DALLE(reversible=True, **fields)
+    with pytest.raises(ValueError, match=r"^sparse_attn=True .* is not supported"):
+        DALLE(sparse_attn=True, **fields)

@@ -63,6 +63,7 @@ class DALLE(nn.Module):
 
     def __init__(self, *, vae=None, config: DALLEConfig | None = None, **fields):
         super().__init__()
+        _drop_dallepytorch_switches(fields)
         if config is not None and fields:
             raise ValueError(f"give either config= or keyword fields, not both (got fields {sorted(fields)})")
         if config is None:
@@ -381,6 +382,17 @@ class DALLE(nn.Module):
 
         result = tokens if return_tokens else decode_images(self.vae, tokens)
         return (result, logprobs) if return_logprobs else result
+
+
+def _drop_dallepytorch_switches(fields: dict) -> None:
+    """DALLE-pytorch's keywords without a setting here: accepted when they ask for what this model does anyway."""
+    if fields.pop("reversible", False):
+        raise ValueError("reversible=True (DALLE-pytorch's reversible layers: two residual streams) is not "
+                         "implemented; drop it (transformer.gradient_checkpointing saves memory the same way)")
+    if fields.pop("sparse_attn", False):
+        raise ValueError("sparse_attn=True (DeepSpeed's block-sparse attention) is not supported: use attn_types "
+                         "with axial_row / axial_col / conv_like")
+    fields.pop("optimize_for_inference", None)  # axial attention is a mask here already: nothing to switch
 
 
 def _init_weights(module: nn.Module):
