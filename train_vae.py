@@ -1,44 +1,13 @@
 #!/usr/bin/env python
-"""Train an image tokenizer (a taming-transformers VQGAN) and save it in taming's format.
+"""Train an image tokenizer (a taming-transformers VQGAN).
 
-    python train_vae.py                                # the default Shapes tokenizer (32 px -> 8x8 tokens, 512 codes)
-    python train_vae.py --data path/to/folder --image_size 64 --steps 20000 --out_dir runs/my_vae
-    python train_vae.py --data 'shards/train-{000..009}.tar' --val_data shards/val-000.tar --gumbel
-
-Every flag and its default come from dalle_lab.vae.train.VAETrainConfig. Re-running with the same --out_dir resumes.
-Load the result with VQGanVAE("<out_dir>/vqgan.ckpt", "<out_dir>/vqgan.yaml").
+The console script `dalle-train-vae`, kept as `python train_vae.py` for DALLE-pytorch habits; the command line lives in
+dalle_lab/cli/train_vae.py (flags: python train_vae.py --help).
 """
-import argparse
-import dataclasses
-import json
-import typing
+import sys
 
-
-def build_parser() -> argparse.ArgumentParser:
-    from dalle_lab.vae.train import VAETrainConfig
-
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    hints = typing.get_type_hints(VAETrainConfig)
-    for field in dataclasses.fields(VAETrainConfig):
-        hint, default, flag = hints[field.name], field.default, f"--{field.name}"
-        if hint is bool:
-            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=default)
-        elif typing.get_origin(hint) is tuple:
-            parser.add_argument(flag, type=int, nargs="+", default=list(default), metavar="N")
-        else:
-            # "int | None" and friends: the non-None member is the value type
-            kind = next((a for a in typing.get_args(hint) if a is not type(None)), hint)
-            parser.add_argument(flag, type=kind, default=default, help=f"default: {default}")
-    return parser
-
-
-def main(argv=None) -> None:
-    from dalle_lab.vae.train import VAETrainConfig, train_vae
-
-    args = build_parser().parse_args(argv)
-    metrics = train_vae(VAETrainConfig(**vars(args)))
-    print(json.dumps(metrics, indent=2))
-
+from dalle_lab.cli import dalle_train_vae
+from dalle_lab.cli.train_vae import build_parser, main  # noqa: F401 - train_vae.main(argv) as before the move
 
 if __name__ == "__main__":
-    main()
+    sys.exit(dalle_train_vae())

@@ -40,6 +40,6 @@ echo "[install] keeping $(cat "$constraints")"
 pip install -c "$constraints" Cython wheel setuptools
 pip install -c "$constraints" --no-build-isolation youtokentome==1.0.6
 pip install -c "$constraints" --no-deps taming-transformers-rom1504==0.0.6
-DS_BUILD_OPS=0 pip install -c "$constraints" -e ".[test,emoji]"
+DS_BUILD_OPS=0 pip install -c "$constraints" -e ".[all,test]"
 "$PYTHON" -c "import dalle_lab, youtokentome, deepspeed; from dalle_lab.vae.taming_compat import import_taming; import_taming()" \
     && echo "[install] ok: $("$PYTHON" -c 'import sys; print(sys.executable)')"

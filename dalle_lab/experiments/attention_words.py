@@ -22,6 +22,8 @@ import os
 from pathlib import Path
 from typing import NamedTuple
 
+from dalle_lab.extras import needs_extra
+
 FUNCTION_WORDS = "function_words"
 WORD_ROLES: tuple[str, ...] = ("size", "color", "shape", "place", "color1", "shape1", "relation", "color2", "shape2",
                                "background", FUNCTION_WORDS)
@@ -196,8 +198,10 @@ def plot_word_attention(results_by_setting: dict[str, dict], path) -> Path:
     (most of the attention) would otherwise leave every word row the same dark colour.
     """
     import numpy as np
-    from matplotlib.colors import PowerNorm
-    from matplotlib.figure import Figure  # no pyplot: renders with Agg, never touches the global backend
+
+    with needs_extra("viz", "the attention-per-word figure"):
+        from matplotlib.colors import PowerNorm
+        from matplotlib.figure import Figure  # no pyplot: renders with Agg, never touches the global backend
 
     if not results_by_setting:
         raise ValueError("plot_word_attention needs at least one setting's results")

@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from dalle_lab.extras import needs_extra
 from dalle_lab.precision.modes import check_mode
 from dalle_lab.precision.parity import DEFAULT_MODES, _cosine, _fmt, _json_safe, _token_cosine
 from dalle_lab.precision.reward_gap import spearman
@@ -177,7 +178,8 @@ def markdown(report: dict) -> str:
 
 
 def plot(report: dict, path) -> None:
-    import matplotlib
+    with needs_extra("align", "the CLIP parity report's figure"):
+        import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

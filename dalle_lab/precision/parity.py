@@ -19,6 +19,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from dalle_lab.extras import needs_extra
 from dalle_lab.precision.modes import check_mode, precision_mode
 from dalle_lab.precision.reward_gap import spearman
 
@@ -246,7 +247,8 @@ def markdown_report(report: dict) -> str:
 
 def plot_report(report: dict, path) -> None:
     """PNG: per-layer drift (1 - cosine, log scale), scores per mode against float32, head-only changes."""
-    import matplotlib
+    with needs_extra("align", "the parity report's figure"):
+        import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

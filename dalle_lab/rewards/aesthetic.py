@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from dalle_lab.extras import needs_extra
 from dalle_lab.precision.modes import check_mode, precision_mode
 
 # OpenAI CLIP's normalisation constants (also HuggingFace CLIPImageProcessor's defaults).
@@ -102,7 +103,8 @@ class LinearAestheticHead(AestheticHead):
 
 def vit_l14_vision_config(**overrides):
     """transformers CLIPVisionConfig of OpenAI's CLIP ViT-L/14 (224 px) image tower: 24 layers, width 1024, 16 heads."""
-    from transformers import CLIPVisionConfig
+    with needs_extra("align", "the aesthetic reward's CLIP image encoder"):
+        from transformers import CLIPVisionConfig
 
     fields = dict(hidden_size=1024, intermediate_size=4096, num_hidden_layers=24, num_attention_heads=16,
                   image_size=224, patch_size=14, projection_dim=768, hidden_act="quick_gelu", layer_norm_eps=1e-5)
@@ -118,7 +120,8 @@ def random_clip_vision(config=None, seed: int = 0):
     Random weights are no stand-in for trained ones in what they score; they only show how the architecture carries
     rounding error (and they understate it: trained weights have larger, structured activations).
     """
-    from transformers import CLIPVisionModelWithProjection
+    with needs_extra("align", "the aesthetic reward's CLIP image encoder"):
+        from transformers import CLIPVisionModelWithProjection
 
     config = config or vit_l14_vision_config()
     with torch.random.fork_rng(devices=[]):
@@ -146,7 +149,8 @@ def load_clip_vision(path: str | os.PathLike):
 
 
 def _load_transformers_clip(directory: Path):
-    from transformers import CLIPVisionModelWithProjection
+    with needs_extra("align", "the aesthetic reward's CLIP image encoder"):
+        from transformers import CLIPVisionModelWithProjection
 
     if not (directory / "config.json").is_file():
         raise FileNotFoundError(f"{directory} has no config.json: it is not a transformers model directory")
@@ -175,7 +179,8 @@ def _load_openai_state_dict(path: Path) -> dict:
 
 def clip_vision_from_openai_state_dict(state: dict):
     """Convert OpenAI CLIP ViT image-tower weights (`visual.*`, or the same keys without the prefix) to transformers."""
-    from transformers import CLIPVisionModelWithProjection
+    with needs_extra("align", "the aesthetic reward's CLIP image encoder"):
+        from transformers import CLIPVisionModelWithProjection
 
     prefix = "visual." if any(key.startswith("visual.") for key in state) else ""
     visual = {key[len(prefix):]: value for key, value in state.items() if key.startswith(prefix)}

@@ -26,9 +26,11 @@ from typing import Sequence
 import torch
 from torch import nn
 
+from dalle_lab.assets import ASSETS_DIR
+from dalle_lab.extras import needs_extra
 from dalle_lab.precision.modes import check_mode, precision_mode
 
-SHIPPED_CLIP_DIR = Path(__file__).resolve().parents[1] / "assets" / "shapes_clip"
+SHIPPED_CLIP_DIR = ASSETS_DIR / "shapes_clip"
 CLIP_PATH_ENV = "DALLE_LAB_CLIP_SCORE_PATH"  # where the clip_score reward looks when no path is given
 METADATA_FILE = "dalle_lab_clip.json"
 VOCAB_FILE = "text_vocab.model"
@@ -59,7 +61,8 @@ def clip_config(arch: ClipArchitecture, vocab_size: int, vision_init_factor: flo
 
     `vision_init_factor` scales the image tower's random initialisation (transformers' `initializer_factor`).
     """
-    from transformers import CLIPConfig
+    with needs_extra("align", "the clip_score reward's CLIP"):
+        from transformers import CLIPConfig
 
     from dalle_lab.tokenizers.base import BOS_ID, EOS_ID, PAD_ID
 
@@ -78,7 +81,8 @@ def clip_config(arch: ClipArchitecture, vocab_size: int, vision_init_factor: flo
 
 def new_clip(arch: ClipArchitecture, vocab_size: int, seed: int = 0, vision_init_factor: float = 1.0):
     """A randomly initialised CLIPModel of this shape (seeded, without touching the global RNG)."""
-    from transformers import CLIPModel
+    with needs_extra("align", "the clip_score reward's CLIP"):
+        from transformers import CLIPModel
 
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
@@ -176,7 +180,8 @@ def resolve_clip_path(path=None) -> Path:
 
 def load_clip(path=None):
     """(CLIPModel eval and frozen, tokenizer, metadata dict) from a directory written by `save_clip`."""
-    from transformers import CLIPModel
+    with needs_extra("align", "the clip_score reward's CLIP"):
+        from transformers import CLIPModel
 
     from dalle_lab.tokenizers.loading import get_tokenizer
 

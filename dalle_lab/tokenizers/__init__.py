@@ -1,5 +1,6 @@
 """BPE text tokenizers: youtokentome `.model` and HuggingFace tokenizers `.json` vocabularies, the shipped default
-vocabularies of the built-in datasets (bpe/shapes.model, bpe/emoji.model), and training a custom vocabulary.
+vocabularies of the built-in datasets (shapes.model, emoji.model: package data in dalle_lab/assets/bpe/), and
+training a custom vocabulary.
 
 Backends import their libraries only when a tokenizer is built, so importing this package stays light.
 See bpe/README.md for the user-facing guide.

@@ -4,18 +4,19 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from dalle_lab.assets import BPE_DIR
 from dalle_lab.tokenizers.base import TextTokenizer
 
-# bpe/ sits at the repository root, beside the package (the package is installed editable from the repo).
-BPE_DIR = Path(__file__).resolve().parents[2] / "bpe"
+# The shipped vocabularies are package data (dalle_lab/assets/bpe/), so an installed wheel has them too.
 DEFAULT_BPE_PATH = BPE_DIR / "shapes.model"
-# The shipped vocabulary of each built-in dataset (bpe/<dataset>.model) and the command that rebuilds it.
+# The shipped vocabulary of each built-in dataset (dalle_lab/assets/bpe/<dataset>.model) and the command that
+# rebuilds it (run from the repository root: it writes the file the package ships).
 SHIPPED_VOCAB_SIZES = {"shapes": 256, "emoji": 1024}
 
 
 def rebuild_command(dataset: str) -> str:
     return (f"python -m dalle_lab.tokenizers.train --dataset {dataset} --vocab_size {SHIPPED_VOCAB_SIZES[dataset]} "
-            f"--output bpe/{dataset}.model")
+            f"--output dalle_lab/assets/bpe/{dataset}.model")
 
 
 def shipped_bpe_path(dataset: str) -> Path:
@@ -30,9 +31,9 @@ def default_bpe_path(dataset: str = "shapes") -> Path:
     path = shipped_bpe_path(dataset)
     if not path.is_file():
         raise FileNotFoundError(
-            f"the default text vocabulary {path} is missing. It ships in the repository's bpe/ folder: "
-            f"install dalle_lab editable from a full checkout (pip install -e .), pass your own vocabulary with "
-            f"--bpe_path, or rebuild it with `{rebuild_command(dataset)}`"
+            f"the default text vocabulary {path} is missing. It ships inside the package: reinstall dalle_lab, "
+            f"pass your own vocabulary with --bpe_path, or rebuild it from a checkout with "
+            f"`{rebuild_command(dataset)}`"
         )
     return path
 
@@ -50,7 +51,7 @@ def backend_for(path: str | os.PathLike) -> str:
 
 def get_tokenizer(bpe_path: str | os.PathLike | None = None, dataset: str = "shapes") -> TextTokenizer:
     """Load a youtokentome `.model` or HuggingFace tokenizers `.json` vocabulary; None loads the shipped
-    vocabulary of the built-in `dataset` (`bpe/shapes.model`, `bpe/emoji.model`)."""
+    vocabulary of the built-in `dataset` (`shapes.model`, `emoji.model` in dalle_lab/assets/bpe/)."""
     path = default_bpe_path(dataset) if bpe_path is None else Path(bpe_path).expanduser()
     if not path.is_file():
         raise FileNotFoundError(

@@ -2,8 +2,11 @@
 
     python -m dalle_lab.tokenizers.train --input captions.txt --vocab_size 2000 --output my.model
     python -m dalle_lab.tokenizers.train --input path/to/image_text_folder --vocab_size 2000 --output my.json
-    python -m dalle_lab.tokenizers.train --dataset shapes --vocab_size 256 --output bpe/shapes.model  # shipped
-    python -m dalle_lab.tokenizers.train --dataset emoji --vocab_size 1024 --output bpe/emoji.model   # shipped
+
+The shipped vocabularies, rebuilt from the repository root (they write the files the package ships):
+
+    python -m dalle_lab.tokenizers.train --dataset shapes --vocab_size 256 --output dalle_lab/assets/bpe/shapes.model
+    python -m dalle_lab.tokenizers.train --dataset emoji --vocab_size 1024 --output dalle_lab/assets/bpe/emoji.model
 """
 from __future__ import annotations
 
@@ -29,7 +32,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="caption text files (one caption a line) and/or image-text folders")
     parser.add_argument("--dataset", choices=BUILTIN_DATASETS, action="append", default=[],
                         help="add a built-in dataset's training captions (shapes: every caption of the grammar, "
-                             "the recipe of bpe/shapes.model; emoji: the training split's names)")
+                             "the recipe of the shipped shapes.model; emoji: the training split's names)")
     parser.add_argument("--shapes", action="store_true", help="the same as --dataset shapes")
     parser.add_argument("--vocab_size", type=int, required=True,
                         help="most tokens in the vocabulary, pad/unk/bos/eos included")

@@ -197,7 +197,7 @@ def caption_lengths(tokenizer: TextTokenizer, captions: Sequence[str]) -> list[i
 
 def train_shapes_vocab(output_path: Source, vocab_size: int = SHAPES_VOCAB_SIZE, backend: str | None = None,
                        verbose: bool = False) -> TextTokenizer:
-    """The recipe of the shipped bpe/shapes.model: every caption of the Shapes grammar, plus lower-case ASCII
+    """The recipe of the shipped shapes.model: every caption of the Shapes grammar, plus lower-case ASCII
     letters, digits and common punctuation so other prompts still encode (letter by letter) rather than as unk.
 
     youtokentome breaks ties between equally frequent pairs in no fixed order, so a rerun gives an equivalent

@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-ASSETS = Path(__file__).resolve().parent.parent / "assets"
+from ..assets import ASSETS_DIR
 
 # The train_vae.py settings (VAETrainConfig overrides) that produce each dataset's tokenizer.
 RECIPES: dict[str, dict] = {
@@ -30,7 +30,7 @@ def cache_root(cache_dir: str | os.PathLike | None = None) -> Path:
 
 
 def shipped_paths(dataset: str = "shapes") -> tuple[Path, Path]:
-    return ASSETS / f"{dataset}_vqgan.ckpt", ASSETS / f"{dataset}_vqgan.yaml"
+    return ASSETS_DIR / f"{dataset}_vqgan.ckpt", ASSETS_DIR / f"{dataset}_vqgan.yaml"
 
 
 def default_vae(cache_dir: str | os.PathLike | None = None, dataset: str = "shapes"):
@@ -50,7 +50,7 @@ def default_vae(cache_dir: str | os.PathLike | None = None, dataset: str = "shap
     if not (ckpt.is_file() and yaml.is_file()):
         from .train import VAETrainConfig, export_tokenizer, train_vae
 
-        print(f"[dalle_lab] no {dataset} image tokenizer in {ASSETS} or {cache}: training one (a few minutes)")
+        print(f"[dalle_lab] no {dataset} image tokenizer in {ASSETS_DIR} or {cache}: training one (a few minutes)")
         config = VAETrainConfig(out_dir=str(cache / f"{name}_run"), **RECIPES[dataset])
         metrics = train_vae(config)  # resumes if an earlier attempt was interrupted
         # writes the yaml, then the ckpt (atomically): only a finished export has both files

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import torch
 
+from dalle_lab.extras import needs_extra
 from dalle_lab.vae.images import decode_images
 
 PAD_LABEL = "<pad>"
@@ -43,7 +44,8 @@ def save_attention_maps(dalle, text_tokens: torch.Tensor, image_tokens: torch.Te
     tokens by its total over them (so each cell's values sum to 1): this removes the overall fall-off with position
     (later cells spread attention over more image tokens) and shows only which word each cell attends to most.
     """
-    from matplotlib.figure import Figure
+    with needs_extra("viz", "drawing attention maps"):
+        from matplotlib.figure import Figure
 
     if text_tokens.dim() != 2 or text_tokens.shape[0] != 1 or image_tokens.dim() != 2 or image_tokens.shape[0] != 1:
         raise ValueError(f"save_attention_maps draws one caption: text_tokens (1, T) and image_tokens (1, N), got "

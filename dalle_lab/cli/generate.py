@@ -1,0 +1,151 @@
+"""Generate images from captions with a trained DALLE checkpoint.
+Installed as the console script `dalle-generate`; `python generate.py` in a checkout runs the same.
+
+    python generate.py --dalle_path runs/dalle/dalle.pt --text "a red circle|a blue square above a green triangle"
+
+Writes <outputs_dir>/<caption_with_underscores>/<i>.png, a grid.png per caption, and one line per image in
+<outputs_dir>/manifest.jsonl. The text and image tokenizers are found from what the checkpoint recorded (or where
+--bpe_path / --vqgan_model_path + --vqgan_config_path say they are now). DALLE-pytorch's generate.py command lines
+work too (--top_k 0.9, --gentxt, --hug, ...: docs/training.md), and so do its checkpoints: --dalle_path may name a
+DALLE-pytorch train_dalle.py file, converted in memory (--bpe_path then names its vocabulary; docs/migrating.md).
+"""
+import argparse
+import sys
+from pathlib import Path
+
+from dalle_lab.training.dallepytorch_flags import FlagError, add_generate_flags, apply_generate_flags, parse_top_k
+from dalle_lab.training.generation import SamplingSettings
+
+DEFAULTS = SamplingSettings()
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--dalle_path", required=True, help="checkpoint written by train_dalle.py (e.g. runs/dalle/dalle.pt), "
+                   "or by DALLE-pytorch's (converted in memory)")
+    p.add_argument("--text", required=True, help='caption(s), several separated by "|"')
+    p.add_argument("--num_images", type=int, default=8, help="images per caption (default: 8)")
+    p.add_argument("--batch_size", type=int, default=16, help="images sampled at once (default: 16)")
+    p.add_argument("--top_k", type=parse_top_k, default=str(DEFAULTS.top_k),
+                   help=f"sample from the k likeliest image tokens (default: {DEFAULTS.top_k}; 0: no top-k); a "
+                        "fraction in (0, 1) is DALLE-pytorch's filter threshold: 0.9 keeps the likeliest 10%%")
+    p.add_argument("--top_p", type=float, default=DEFAULTS.top_p, help="nucleus sampling threshold (default: off)")
+    p.add_argument("--temperature", type=float, default=DEFAULTS.temperature,
+                   help=f"sampling temperature (default: {DEFAULTS.temperature})")
+    p.add_argument("--cond_scale", type=float, default=DEFAULTS.cond_scale,
+                   help=f"classifier-free guidance scale, 1 = off (default: {DEFAULTS.cond_scale})")
+    p.add_argument("--seed", type=int, default=0, help="random seed: the same seed gives the same images")
+    p.add_argument("--outputs_dir", default="outputs", help="where images go (default: outputs)")
+    p.add_argument("--device", default="auto", help="auto|cpu|cuda (default: auto)")
+    p.add_argument("--truncate_captions", action="store_true",
+                   help="cut captions longer than the model's text_seq_len instead of failing")
+    p.add_argument("--speculative", action=argparse.BooleanOptionalAction, default=None,
+                   help="lossless speculative decoding: the same image distribution from fewer transformer passes "
+                        "(default: wherever it was measured faster, see docs/performance.md)")
+    p.add_argument("--compile", action="store_true",
+                   help="decode through one Inductor-compiled step (CPU, float32): the same images up to float "
+                        "rounding, faster per batch "
+                        "after a compile of about a minute the first time (about 20 s later, from Inductor's disk "
+                        "cache); pays off from about 50 batches (docs/performance.md)")
+    p.add_argument("--attention_maps", action="store_true",
+                   help="also save attention maps: where each image cell looked in the caption "
+                        "(<outputs_dir>/<caption>/attention/)")
+    p.add_argument("--bpe_path", default=None,
+                   help="the checkpoint's text vocabulary where it is now (it must be the same file: hash checked)")
+    p.add_argument("--vqgan_model_path", default=None, help="the checkpoint's VQGAN .ckpt where it is now (same file)")
+    p.add_argument("--vqgan_config_path", default=None, help="the checkpoint's VQGAN .yaml where it is now")
+    p.add_argument("--openai_encoder_path", default=None, help="DALLE-pytorch files with OpenAI's VAE: its encoder.pkl")
+    p.add_argument("--openai_decoder_path", default=None, help="DALLE-pytorch files with OpenAI's VAE: its decoder.pkl")
+    p.add_argument("--gentxt", action="store_true",
+                   help="continue each caption with the model's text head first (printed), then draw the images "
+                        "for the completed caption")
+    add_generate_flags(p)
+    return p
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    captions = [c.strip() for c in args.text.split("|") if c.strip()]
+    if not captions:
+        print("generate.py: error: --text holds no caption", file=sys.stderr)
+        return 2
+    if args.num_images < 1 or args.batch_size < 1:
+        print("generate.py: error: --num_images and --batch_size must be at least 1", file=sys.stderr)
+        return 2
+    try:
+        for note in apply_generate_flags(args):
+            print(f"generate.py: note: {note}", file=sys.stderr)
+    except FlagError as err:
+        print(f"generate.py: error: {err}", file=sys.stderr)
+        return 2
+
+    import torch
+
+    from dalle_lab.sampling import resolve_top_k
+    from dalle_lab.training.captions import warn_unknown_words
+    from dalle_lab.convert import ConversionError, load_dalle
+    from dalle_lab.training.checkpoint import CheckpointError
+    from dalle_lab.training.generation import complete_captions, generate_to_folder
+    from dalle_lab.utils import pick_device
+
+    top_k, filter_thres = args.top_k
+    try:
+        device = pick_device(args.device)
+        vqgan = (args.vqgan_model_path, args.vqgan_config_path) if args.vqgan_model_path else None
+        openai = (args.openai_encoder_path, args.openai_decoder_path) if args.openai_encoder_path else None
+        dalle, tokenizer, vae = load_dalle(args.dalle_path, device, bpe_path=args.bpe_path, vqgan_paths=vqgan,
+                                           hug=args.hug, openai_paths=openai)
+        if filter_thres is not None:  # DALLE-pytorch's threshold, counted over the image vocabulary
+            top_k = resolve_top_k(None, filter_thres, dalle.config.num_image_tokens)
+        args.top_k = top_k  # a count from here on (the attention maps use it too)
+        settings = SamplingSettings(top_k=top_k, top_p=args.top_p, temperature=args.temperature,
+                                    cond_scale=args.cond_scale)
+        warn_unknown_words(tokenizer, captions, "generate.py")  # named, then generated all the same
+        if args.gentxt:
+            completed = complete_captions(dalle, tokenizer, captions, settings, args.seed, args.truncate_captions,
+                                          filter_thres=filter_thres)
+            for given, caption in zip(captions, completed):
+                print(f"completed caption: {given!r} -> {caption!r}")
+            captions = completed
+            args.truncate_captions = True  # re-tokenized as typed: a BPE may spell the decoded text a token longer
+        dalle.speculative_default = args.speculative  # every generate_images call below follows them
+        dalle.compile_default = args.compile
+        with torch.inference_mode():
+            records = generate_to_folder(dalle, vae, tokenizer, captions, args.outputs_dir, args.num_images,
+                                         args.batch_size, settings, args.seed, checkpoint=str(args.dalle_path),
+                                         truncate=args.truncate_captions)
+            if args.attention_maps:
+                _attention_maps(dalle, tokenizer, vae, captions, args)
+    except (CheckpointError, ConversionError, ValueError, FileNotFoundError) as err:
+        print(f"generate.py: error: {err}", file=sys.stderr)
+        return 1
+    print(f"wrote {len(records)} images for {len(captions)} caption(s) to {args.outputs_dir}/ "
+          f"(manifest: {args.outputs_dir}/manifest.jsonl)")
+    return 0
+
+
+def _attention_maps(dalle, tokenizer, vae, captions, args) -> None:
+    """For each caption, sample one more image (seeded) and draw where its image cells looked in the caption:
+    <outputs_dir>/<caption>/attention/*.png (the decoded image is drawn beside the heatmaps)."""
+    import torch
+
+    from dalle_lab.training.generation import caption_dirname
+    from dalle_lab.viz.attention import save_attention_maps
+
+    for c, caption in enumerate(captions):
+        text = tokenizer.tokenize([caption], dalle.config.text_seq_len, truncate_text=args.truncate_captions)
+        text = text.to(next(dalle.parameters()).device)
+        generator = torch.Generator(device=text.device).manual_seed(args.seed + c)
+        tokens = dalle.generate_images(text, top_k=args.top_k, top_p=args.top_p,
+                                       temperature=args.temperature, cond_scale=args.cond_scale, return_tokens=True,
+                                       generator=generator)
+        labels = [tokenizer.decode([i]) for i in text[0].tolist() if i != 0]
+        paths = save_attention_maps(dalle, text, tokens, labels,
+                                    Path(args.outputs_dir) / caption_dirname(caption) / "attention")
+        print(f"attention maps for {caption!r}: {paths[0].parent}")
+
+
+if __name__ == "__main__":  # python -m dalle_lab.cli.generate (torchrun -m, deepspeed --module)
+    from dalle_lab.cli import run
+
+    sys.exit(run(main))
