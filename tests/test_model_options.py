@@ -12,6 +12,7 @@ from dalle_lab.model.attention import Attention
 from dalle_lab.model.decoding import Decoder, Sampling
 from dalle_lab.model.masks import LayerMasks, attention_mask
 from dalle_lab.model.positional import TokenShift, apply_rotary, rotary_angles
+from dalle_lab.sampling import sampling_distribution
 from dalle_lab.training.cli import build_train_parser, config_from_args
 
 import tiny_models
@@ -68,21 +69,75 @@ OPTIONS = {
 # ----- the default model is the model it was --------------------------------------------------------------------
 
 
-def test_a_checkpoint_of_the_unchanged_default_model_loads_and_computes_the_same_bits():
-    """tests/data/default_model_before_issue16.pt was written by the code before these options existed: its config
-    has none of the new fields, and its logits, loss and sampled tokens must come out bit for bit."""
+# Two CPU kinds run this suite (AVX2-only and Zen 4 with avx512_bf16): oneDNN picks other kernels on each, so the
+# same float32 computation differs in its last bits between them. A fixture written on one kind is compared with a
+# tolerance: FP32_TOLERANCE times the largest value compared. 16 float32 epsilons: each product of this tiny model
+# sums at most 32 terms, and the difference measured between the two kinds was about 3 epsilons of the largest
+# logit.
+FP32_TOLERANCE = 16 * torch.finfo(torch.float32).eps
+
+
+def within_fixture_tolerance(ours: torch.Tensor, saved: torch.Tensor, amplification: float = 1.0) -> bool:
+    return bool((ours - saved).abs().max() <= amplification * FP32_TOLERANCE * saved.abs().max().clamp(min=1))
+
+
+def check_sampled_tokens(model, saved, cond_scale, top_k, seed, amplification):
+    """The saved tokens are what this machine's model draws from the same generator, wherever the draw was not
+    within the tolerance of another token's interval.
+
+    The sampler (dalle_lab.sampling.draw) takes one float64 uniform per caption and position, in order, from the
+    generator, and picks the token whose interval of the running sum of probabilities holds it. Feeding the saved
+    tokens back (teacher forcing) gives this machine's distribution at every position; a draw that lies further
+    than the tolerance from its interval's ends picks the same token on any machine whose logits agree within it.
+    """
+    text, tokens = saved["text"], saved["tokens"]
+    logits_cond = model.logits(text, tokens)
+    logits_uncond = model.logits(model.null_text(text), tokens)
+    log_probs = sampling_distribution(logits_cond, logits_uncond, cond_scale=cond_scale, top_k=top_k)
+    assert within_fixture_tolerance(log_probs.gather(-1, tokens[..., None])[..., 0], saved["logprobs"],
+                                    amplification)
+    cdf = log_probs.exp().double().cumsum(dim=-1)  # (B, N, V)
+    upper = cdf.gather(-1, tokens[..., None])[..., 0]
+    lower = upper - log_probs.exp().double().gather(-1, tokens[..., None])[..., 0]
+    generator = torch.Generator().manual_seed(seed)
+    draws = torch.stack([torch.rand(tokens.shape[0], dtype=torch.float64, generator=generator)
+                         for _ in range(tokens.shape[1])], dim=1) * cdf[..., -1]
+    margin = torch.minimum(draws - lower, upper - draws)  # < 0: this machine draws another token there
+    decided = margin.abs() > amplification * FP32_TOLERANCE
+    assert decided.float().mean() > 0.9  # the check has something to check
+    assert bool((margin[decided] > 0).all()), margin
+    return decided
+
+
+def first_undecided(decided: torch.Tensor) -> torch.Tensor:
+    """Per row, the first position whose draw was within the tolerance of another token (N where none was)."""
+    positions = torch.arange(decided.shape[1]).expand_as(decided)
+    return torch.where(decided, decided.shape[1], positions).min(dim=1).values
+
+
+def test_a_checkpoint_of_the_unchanged_default_model_loads_and_computes_the_same_function():
+    """tests/data/default_model_before_issue16.pt was written by the code before these options existed (on an AVX2
+    machine): its config has none of the new fields, and its logits, loss, sampled tokens and their log-probs must
+    come out the same here within float32 rounding."""
     saved = torch.load(DATA / "default_model_before_issue16.pt", weights_only=True)
     assert "attn_types" not in saved["config"]
     model = DALLE.from_config(saved["config"]).eval()
     model.load_state_dict(saved["model"])  # strict: no new parameters or buffers
     assert model.config.attn_types == ("full",) and not model.config.rotary_emb
+    cond_scale, top_k, seed = 2.0, 8, 1
+    amplification = 1 + 2 * cond_scale  # guidance: cond_scale * cond - (cond_scale - 1) * uncond
     with torch.no_grad():
-        assert torch.equal(model.logits(saved["text"], saved["image"]), saved["logits"])
-        assert torch.equal(model(saved["text"], saved["image"], return_loss=True), saved["loss"])
-        tokens, logprobs = model.generate_images(saved["text"], return_tokens=True, return_logprobs=True, top_k=8,
-                                                 cond_scale=2.0, generator=torch.Generator().manual_seed(1))
-    assert torch.equal(tokens, saved["tokens"])
-    assert torch.equal(logprobs, saved["logprobs"])
+        assert within_fixture_tolerance(model.logits(saved["text"], saved["image"]), saved["logits"])
+        assert within_fixture_tolerance(model(saved["text"], saved["image"], return_loss=True), saved["loss"])
+        decided = check_sampled_tokens(model, saved, cond_scale, top_k, seed, amplification)
+        tokens, logprobs = model.generate_images(saved["text"], return_tokens=True, return_logprobs=True,
+                                                 top_k=top_k, cond_scale=cond_scale,
+                                                 generator=torch.Generator().manual_seed(seed))
+    # the same tokens up to the first draw that rounding could have tipped (on the machine that wrote the fixture:
+    # all of them); past it a sample may take another path
+    for row, stop in enumerate(first_undecided(decided).tolist()):
+        assert torch.equal(tokens[row, :stop], saved["tokens"][row, :stop])
+        assert within_fixture_tolerance(logprobs[row, :stop], saved["logprobs"][row, :stop], amplification)
 
 
 def test_the_default_model_computes_no_per_pass_extras():
