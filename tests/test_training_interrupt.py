@@ -1,5 +1,10 @@
-"""Interrupting train_dalle.py as a user (or the machine) does: SIGKILL at a random moment after the first
-checkpoint, or Ctrl-C, then --resume. The final weights equal the uninterrupted run's (float32, within 1e-6)."""
+"""Interrupting train_dalle.py as a user (or the machine) does: SIGKILL at a step after the first checkpoint (the
+steps since that checkpoint are lost), or Ctrl-C, then --resume. The final weights equal the uninterrupted run's
+(float32, within 1e-6).
+
+No test waits a guessed time: the interrupted run is started with DALLE_LAB_HOLD_AFTER_STEP=k (a test hook in
+dalle_lab/training/interrupt.py), which holds it after step k until the signal arrives, so the run can never finish
+first on a fast machine. k is drawn from a generator seeded with the test's name: a failure repeats."""
 import importlib.util
 import json
 import os
@@ -13,16 +18,19 @@ from pathlib import Path
 import pytest
 import torch
 
+from dalle_lab.training.interrupt import HOLD_VARIABLE
 from test_cli import ROOT, script_main, vqgan_flags
 from test_training_resume import assert_same_weights, two_caption_folder
 
 slow = pytest.mark.skipif(os.environ.get("DALLE_LAB_SLOW_TESTS") != "1",
                           reason="starts a training process (~20 s on 2 busy cores); set DALLE_LAB_SLOW_TESTS=1")
 
+SAVE_EVERY = 3
 RANDOM_FLAGS = ["--dim", "32", "--depth", "1", "--heads", "2", "--dim_head", "16", "--null_cond_prob", "0.5",
                 "--attn_dropout", "0.2", "--ff_dropout", "0.2", "--warmup_steps", "2", "--sample_every_n_steps", "0",
                 "--log_every_n_steps", "1", "--no-progress", "--no-amp", "--batch_size", "2", "--seed", "7",
-                "--save_every_n_steps", "3"]
+                "--save_every_n_steps", str(SAVE_EVERY)]
+WAIT_TIMEOUT = 1200  # s: only a bound on a hung run; the tests wait for events, never for a time
 
 
 # Set in this process by earlier in-process distributed tests (MASTER_PORT especially): a child that inherited them
@@ -30,34 +38,58 @@ RANDOM_FLAGS = ["--dim", "32", "--depth", "1", "--heads", "2", "--dim_head", "16
 DISTRIBUTED_VARIABLES = ("MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE")
 
 
-def child_env() -> dict:
-    env = {k: v for k, v in os.environ.items() if k not in DISTRIBUTED_VARIABLES}
+def child_env(hold_after_step: int | None = None) -> dict:
+    env = {k: v for k, v in os.environ.items() if k not in DISTRIBUTED_VARIABLES and k != HOLD_VARIABLE}
+    if hold_after_step is not None:
+        env[HOLD_VARIABLE] = str(hold_after_step)
     return {**env, "OMP_NUM_THREADS": "1"}
 
 
-def start(*args):
+def hold_step(test_name: str, max_steps: int) -> int:
+    """The step the interrupted run is held after: past the first checkpoint, before the last step."""
+    return random.Random(test_name).randrange(SAVE_EVERY, max_steps)
+
+
+def expected_stop(sig, held_at: int) -> int:
+    """The step the interrupted run's checkpoint holds: Ctrl-C saves the step it stopped at; SIGKILL loses the steps
+    since the last periodic checkpoint."""
+    return held_at if sig == signal.SIGINT else held_at - held_at % SAVE_EVERY
+
+
+def wait_until_held(process, out: Path, step: int, ranks: int = 1) -> None:
+    """Wait for every rank's marker of the hold after `step` (or for the process to end, which is a failure)."""
+    markers = [out / f"held-after-step-{step}.rank{rank}" for rank in range(ranks)]
+    deadline = time.monotonic() + WAIT_TIMEOUT
+    while not all(marker.exists() for marker in markers):
+        assert process.poll() is None, f"the run ended (code {process.returncode}) before it reached step {step}"
+        assert time.monotonic() < deadline, f"no hold after step {step} within {WAIT_TIMEOUT} s"
+        time.sleep(0.01)
+
+
+def start(*args, hold_after_step=None):
     return subprocess.Popen([sys.executable, str(ROOT / "train_dalle.py"), *map(str, args)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
-                            env=child_env())
+                            env=child_env(hold_after_step))
 
 
-def interrupt_after_first_checkpoint(args, out, sig, delay):
-    """Start a run, wait for its first checkpoint, wait `delay` s more, send `sig`; (returncode, stderr)."""
-    process = start(*args)
-    deadline = time.monotonic() + 240
-    while not (out / "dalle.pt").exists() and process.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.01)
-    time.sleep(delay)
-    if process.poll() is None:
-        process.send_signal(sig)
-    _, stderr = process.communicate(timeout=240)
+def interrupt_while_held(args, out, sig, held_at):
+    """Start a run held after step `held_at`, send `sig` once it is held; (returncode, stderr)."""
+    process = start(*args, hold_after_step=held_at)
+    try:
+        wait_until_held(process, out, held_at)
+    except AssertionError:
+        process.kill()
+        _, stderr = process.communicate(timeout=60)
+        raise AssertionError(stderr[-3000:])
+    process.send_signal(sig)
+    _, stderr = process.communicate(timeout=WAIT_TIMEOUT)
     return process.returncode, stderr
 
 
-def check_interrupted(out: Path, code: int, output: str, sig, max_steps: int, delay: float) -> int:
-    """The interrupted run stopped as the signal says, before its last step; the step its checkpoint holds."""
+def check_interrupted(out: Path, code: int, output: str, sig, held_at: int) -> int:
+    """The interrupted run stopped as the signal says, with the step it should have saved; that step."""
     stopped_at = torch.load(out / "dalle.pt", weights_only=True)["step"]
-    assert stopped_at < max_steps, f"the run ended before the signal ({delay:.2f} s after its first checkpoint)"
+    assert stopped_at == expected_stop(sig, held_at), (stopped_at, held_at, output[-3000:])
     if sig == signal.SIGINT:  # a clean stop: exit code 130, the step it stopped at is saved
         assert code == 130 and f"step {stopped_at} saved" in output, output[-3000:]
     else:
@@ -69,9 +101,9 @@ def check_interrupted_run_resumes_exactly(tiny_vqgan, tmp_path, capsys, data_fla
     args = [*vqgan_flags(tiny_vqgan), *RANDOM_FLAGS, *data_flags, "--max_steps", max_steps]
     assert script_main("train_dalle.py", *args, "--output_dir", tmp_path / "straight") == 0
     out = tmp_path / "interrupted"
-    delay = random.uniform(0, 0.2)
-    code, stderr = interrupt_after_first_checkpoint([*args, "--output_dir", out], out, sig, delay)
-    stopped_at = check_interrupted(out, code, stderr, sig, max_steps, delay)
+    held_at = hold_step(os.environ.get("PYTEST_CURRENT_TEST", ""), max_steps)
+    code, stderr = interrupt_while_held([*args, "--output_dir", out], out, sig, held_at)
+    stopped_at = check_interrupted(out, code, stderr, sig, held_at)
     capsys.readouterr()
     # the resume runs in this process (a fresh interpreter costs seconds of imports; argv is parsed the same way)
     assert script_main("train_dalle.py", *args, "--output_dir", out, "--resume") == 0
@@ -82,7 +114,7 @@ def check_interrupted_run_resumes_exactly(tiny_vqgan, tmp_path, capsys, data_fla
     assert_same_weights(final["straight"]["model"], final["resumed"]["model"], atol=1e-6)
     # the metrics file was cut back to the resumed step: each step once, in order
     steps = [json.loads(line)["step"] for line in (out / "dalle-metrics.jsonl").read_text().splitlines()]
-    assert steps == list(range(1, max_steps + 1)), (delay, stopped_at)
+    assert steps == list(range(1, max_steps + 1)), (held_at, stopped_at)
 
 
 @slow
@@ -142,7 +174,7 @@ def test_sigkill_then_resume_on_webdataset_shards(tiny_vqgan, tmp_path, capsys):
 
 
 
-def torchrun(*args, log):
+def torchrun(*args, log, hold_after_step=None):
     """Two training processes under torchrun; output goes to the file `log` (a pipe nobody reads could fill and stall
     the run)."""
     from dalle_lab.training.distributed import free_port
@@ -150,7 +182,7 @@ def torchrun(*args, log):
     return subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
                              "--master_port", str(free_port()), str(ROOT / "train_dalle.py"), *map(str, args)],
                             stdout=open(log, "w"), stderr=subprocess.STDOUT, cwd=ROOT,
-                            env=child_env())
+                            env=child_env(hold_after_step))
 
 
 def kill_tree(pid: int) -> None:
@@ -174,16 +206,13 @@ def test_two_processes_killed_then_resumed_end_like_the_straight_two_process_run
     straight = torchrun(*args, "--output_dir", tmp_path / "straight", log=tmp_path / "straight.log")
     assert straight.wait(timeout=300) == 0, (tmp_path / "straight.log").read_text()[-3000:]
     out = tmp_path / "interrupted"
-    process = torchrun(*args, "--output_dir", out, log=tmp_path / "killed.log")
-    deadline = time.monotonic() + 240
-    while not (out / "dalle.pt").exists() and process.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.01)
-    time.sleep(random.uniform(0, 0.1))
-    if process.poll() is None:
-        kill_tree(process.pid)  # torchrun and both workers
+    held_at = hold_step("two processes killed", max_steps)
+    process = torchrun(*args, "--output_dir", out, log=tmp_path / "killed.log", hold_after_step=held_at)
+    wait_until_held(process, out, held_at, ranks=2)
+    kill_tree(process.pid)  # torchrun and both workers
     process.wait(timeout=60)
     stopped_at = torch.load(out / "dalle.pt", weights_only=True)["step"]
-    assert stopped_at < max_steps, "the run ended before the kill"
+    assert stopped_at == expected_stop(signal.SIGKILL, held_at)
     resumed = torchrun(*args, "--output_dir", out, "--resume", log=tmp_path / "resumed.log")
     code = resumed.wait(timeout=300)
     output = (tmp_path / "resumed.log").read_text()
@@ -210,11 +239,11 @@ def deepspeed_args(tiny_vqgan):
     return [*vqgan_flags(tiny_vqgan), *RANDOM_FLAGS, *DEEPSPEED_FLAGS]
 
 
-def start_logged(*args, log):
+def start_logged(*args, log, hold_after_step=None):
     """`python train_dalle.py ...` with its output in the file `log` (no pipe to fill and stall the run)."""
     with open(log, "w") as file:
         return subprocess.Popen([sys.executable, str(ROOT / "train_dalle.py"), *map(str, args)], stdout=file,
-                                stderr=subprocess.STDOUT, cwd=ROOT, env=child_env())
+                                stderr=subprocess.STDOUT, cwd=ROOT, env=child_env(hold_after_step))
 
 
 def finished(process, out: Path, log: Path) -> dict:
@@ -239,25 +268,22 @@ def deepspeed_straight_run(tiny_vqgan, tmp_path_factory):
 
 
 def check_deepspeed_cli_interrupt_resumes_exactly(args, tmp_path, launch, straight_run, sig, zero_stage=2):
-    """`launch(*args, log=...)` starts the command line (one process, or torchrun); interrupt it with `sig` at a
-    random moment after its first checkpoint, run the same command with --resume, and compare the final weights
-    with `straight_run()`'s. The moment is drawn from a generator seeded with the launcher and the signal: a
-    failure repeats with the same delay."""
+    """`launch(*args, log=..., hold_after_step=...)` starts the command line (one process, or torchrun); interrupt
+    it with `sig` while it is held after a step past its first checkpoint (drawn from a generator seeded with the
+    launcher and the signal: a failure repeats), run the same command with --resume, and compare the final weights
+    with `straight_run()`'s."""
     out = tmp_path / "interrupted"
-    delay = random.Random(f"deepspeed {launch.__name__} {sig.name}").uniform(0, 0.3)
-    process = launch(*args, "--output_dir", out, log=tmp_path / "interrupted.log")
-    deadline = time.monotonic() + DEEPSPEED_TIMEOUT
-    while not (out / "dalle.pt").exists() and process.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.01)
-    time.sleep(delay)
-    if process.poll() is None:
-        if sig == signal.SIGKILL:
-            kill_tree(process.pid)  # the process and everything it started (torchrun: both workers), at once
-        else:
-            process.send_signal(sig)
+    ranks = 2 if launch is torchrun else 1
+    held_at = hold_step(f"deepspeed {launch.__name__} {sig.name}", DEEPSPEED_STEPS)
+    process = launch(*args, "--output_dir", out, log=tmp_path / "interrupted.log", hold_after_step=held_at)
+    wait_until_held(process, out, held_at, ranks)
+    if sig == signal.SIGKILL:
+        kill_tree(process.pid)  # the process and everything it started (torchrun: both workers), at once
+    else:
+        process.send_signal(sig)
     code = process.wait(timeout=DEEPSPEED_TIMEOUT)
     output = (tmp_path / "interrupted.log").read_text()
-    stopped_at = check_interrupted(out, code, output, sig, DEEPSPEED_STEPS, delay)
+    stopped_at = check_interrupted(out, code, output, sig, held_at)
 
     log = tmp_path / "resumed.log"
     resumed = finished(launch(*args, "--output_dir", out, "--resume", log=log), out, log)
@@ -270,7 +296,7 @@ def check_deepspeed_cli_interrupt_resumes_exactly(args, tmp_path, launch, straig
     assert straight["deepspeed"]["world_size"] == resumed["deepspeed"]["world_size"]
     assert_same_weights(straight["model"], resumed["model"], atol=1e-6)
     steps = [json.loads(line)["step"] for line in (out / "dalle-metrics.jsonl").read_text().splitlines()]
-    assert steps == list(range(1, DEEPSPEED_STEPS + 1)), (delay, stopped_at)
+    assert steps == list(range(1, DEEPSPEED_STEPS + 1)), (held_at, stopped_at)
 
 
 @slow

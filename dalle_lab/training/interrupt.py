@@ -5,8 +5,11 @@ KeyboardInterrupt and saves nothing (the last checkpoint stays valid).
 """
 from __future__ import annotations
 
+import os
 import signal
 import threading
+import time
+from pathlib import Path
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
@@ -40,3 +43,33 @@ class StopRequests:
             signal.signal(signum, handler)
         self._previous.clear()
         return False
+
+
+HOLD_VARIABLE = "DALLE_LAB_HOLD_AFTER_STEP"
+
+
+class StepHold:
+    """A test hook: hold the run after optimizer step k until a stop is requested or the process is killed.
+
+    The kill-and-resume tests set DALLE_LAB_HOLD_AFTER_STEP=k. After step k, and its checkpoint where one falls due,
+    every rank writes `<output_dir>/held-after-step-<k>.rank<r>` and waits. The test waits for that file, then sends
+    its signal: the run cannot finish before the signal on any machine, however fast, and no test sleeps for a
+    guessed time. Unset (always, outside the tests) it does nothing."""
+
+    def __init__(self, step: int | None, output_dir: Path, rank: int):
+        self.step, self.output_dir, self.rank = step, Path(output_dir), rank
+
+    @classmethod
+    def from_environment(cls, output_dir, rank: int) -> "StepHold":
+        value = os.environ.get(HOLD_VARIABLE)
+        return cls(int(value) if value else None, output_dir, rank)
+
+    def marker(self, step: int) -> Path:
+        return self.output_dir / f"held-after-step-{step}.rank{self.rank}"
+
+    def after_step(self, step: int, stop_requests: StopRequests) -> None:
+        if step != self.step:
+            return
+        self.marker(step).write_text("held\n")
+        while not stop_requests.requested:  # a SIGINT / SIGTERM sets it; SIGKILL ends the process here
+            time.sleep(0.01)

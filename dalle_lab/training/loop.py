@@ -125,9 +125,10 @@ def train(cfg: TrainConfig, model_overrides: dict | None = None, *, tokenizer=No
     engine.train()
     logger.start(step, cfg.max_steps)
     run_start, steps_this_run = time.monotonic(), 0
-    from .interrupt import StopRequests
+    from .interrupt import StepHold, StopRequests
 
     stop_requests = StopRequests(notify=logger.message)
+    hold = StepHold.from_environment(output_dir, dist.rank)  # a test hook; does nothing unless its variable is set
     try:
         stop_requests.__enter__()
         while True:
@@ -195,6 +196,7 @@ def train(cfg: TrainConfig, model_overrides: dict | None = None, *, tokenizer=No
             if cfg.save_every_n_steps and step % cfg.save_every_n_steps == 0:
                 saved_path = save(step)
                 last_saved = step
+            hold.after_step(step, stop_requests)
         if step != last_saved:
             saved_path = save(step)
             last_saved = step
