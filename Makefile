@@ -2,7 +2,7 @@
 # Both install first (scripts/install.sh is the one install recipe; it is idempotent and fast when done).
 PY ?= .venv/bin/python
 
-.PHONY: install demo emoji test quick-bench
+.PHONY: install demo emoji test test-fast quick-bench
 
 install:
 	bash scripts/install.sh
@@ -18,6 +18,10 @@ emoji: install
 # DALLE_LAB_SLOW_TESTS=1 includes the slow tests: several processes, kill-and-resume through the command line
 test: install
 	DALLE_LAB_SLOW_TESTS=1 $(PY) -m pytest -q -n 2 tests
+
+# For development: the tests that start no training process of their own (CI runs `make test`, everything).
+test-fast: install
+	$(PY) -m pytest -q -n 2 tests
 
 quick-bench: install
 	$(PY) benchmarks/perf/run.py --quick

@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import os
 import tempfile
+from functools import lru_cache
 from pathlib import Path
 from typing import Any, Callable
 
@@ -23,11 +24,27 @@ def pick_device(name: str = "auto"):
     return device
 
 
+CPU_BF16_VARIABLE = "DALLE_LAB_CPU_BF16"
+
+
 def cpu_has_native_bf16() -> bool:
     """Whether this CPU computes bfloat16 in hardware (avx512 bf16 / AMX, as torch's oneDNN kernels see it).
 
     Without it (AVX2-only processors) torch emulates bf16 products, far slower than float32, and oneDNN's prepacked
-    bf16 weights (model/linear.py) are refused; mixed precision and the packed decode path ask this one function."""
+    bf16 weights (model/linear.py) are refused; the demo recipe, mixed precision, the VAE trainer's precision and
+    the packed decode path ask this one function. DALLE_LAB_CPU_BF16=1 or 0 overrides the probe (docs/training.md):
+    the tests use it to run both machines' branches on either kind of CPU."""
+    forced = os.environ.get(CPU_BF16_VARIABLE, "")
+    if forced:
+        if forced not in ("0", "1"):
+            raise ValueError(f"{CPU_BF16_VARIABLE}={forced!r}: set 1 (treat this CPU as computing bfloat16 "
+                             "natively) or 0 (as an AVX2-only CPU), or unset it to ask the CPU")
+        return forced == "1"
+    return _cpu_probe_bf16()
+
+
+@lru_cache(maxsize=None)
+def _cpu_probe_bf16() -> bool:
     import torch
 
     return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())

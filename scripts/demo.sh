@@ -16,6 +16,8 @@ OUT_DIR=${OUT_DIR:-outputs}
 # and sample stream: on 2 idle cores 1.05x faster in the loop than one process with both threads
 # (reports/recipe/cpu_processes_speed-20261203-1509.json; DEMO_PROCESSES=1 trains in one process). A --batch_size
 # given to scripts/demo.sh is then per process.
+# DALLE_LAB_CPU_BF16=1 or 0 makes this script (and the package) treat the CPU as having native bf16 or not;
+# DEMO_DRY_RUN=1 prints the two commands instead of running them (tests/test_cpu_kinds.py checks both recipes).
 DEMO_FP32_STEPS=${DEMO_FP32_STEPS:-1000}
 cores=$(nproc)
 DEMO_PROCESSES=${DEMO_PROCESSES:-$(( cores >= 2 ? 2 : 1 ))}
@@ -45,9 +47,17 @@ dist.destroy_process_group()" 2>&1); then
                 --nproc_per_node "$DEMO_PROCESSES")
     fi
 fi
-"${launch[@]}" train_dalle.py --output_dir "$RUN_DIR" "${steps_flag[@]}" "$@"
-"$PY" generate.py --dalle_path "$RUN_DIR/dalle.pt" --outputs_dir "$OUT_DIR" --num_images 8 \
+run() {
+    if [ -n "${DEMO_DRY_RUN:-}" ]; then
+        echo "[demo] would run: $*"
+    else
+        "$@"
+    fi
+}
+run "${launch[@]}" train_dalle.py --output_dir "$RUN_DIR" "${steps_flag[@]}" "$@"
+run "$PY" generate.py --dalle_path "$RUN_DIR/dalle.pt" --outputs_dir "$OUT_DIR" --num_images 8 \
     --text "a small green square on the left on a white background|a green square above a purple triangle on a gray background|a small blue circle at the bottom right on a black background"
+if [ -n "${DEMO_DRY_RUN:-}" ]; then exit 0; fi
 echo
 echo "checkpoint: $RUN_DIR/dalle.pt   samples during training: $RUN_DIR/samples/"
 echo "generated images: $OUT_DIR/<caption>/*.png (grid.png per caption), index: $OUT_DIR/manifest.jsonl"

@@ -18,11 +18,12 @@ Same parameters and state_dict keys as nn.Linear, so it is a drop-in replacement
 from __future__ import annotations
 
 from contextlib import contextmanager
-from functools import lru_cache
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from dalle_lab.utils import cpu_has_native_bf16
 
 # How a float32 product of a few rows multiplies by a weight, by row count: the first (max_rows, kind) entry with
 # rows <= max_rows applies, F.linear past the last. Kinds: "linear" (F.linear's addmm with a transposed view of W),
@@ -67,18 +68,22 @@ class PackedWeight:
     def __init__(self, linear: nn.Linear, rows: int):
         self.linear, self.rows = linear, rows
         self.fp32 = self.bf16 = None
+        # where the CPU has no native bf16, oneDNN refuses to prepack bf16 weights ("needs avx_ne_convert or
+        # avx512bw, avx512vl and avx512dq") and bf16 products go through F.linear
+        self.bf16_packable = cpu_has_native_bf16()
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor | None:
         """The product, or None where no packed kernel applies (then the caller uses F.linear)."""
         w, b = self.linear.weight, self.linear.bias
         if torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16:
             x = x.to(torch.bfloat16)
-        if x.dtype == torch.bfloat16 and w.dtype in (torch.float32, torch.bfloat16) and _bf16_prepack_supported():
+        if x.dtype == torch.bfloat16 and w.dtype in (torch.float32, torch.bfloat16) and self.bf16_packable:
             if self.bf16 is None:
-                wb = w.detach().to(torch.bfloat16)
-                self.bf16 = (torch.ops.mkldnn._reorder_linear_weight(wb, self.rows),
-                             None if b is None else b.detach().to(torch.bfloat16))
-            return torch.ops.mkldnn._linear_pointwise(x, self.bf16[0], self.bf16[1], "none", [], "")
+                self.bf16 = _prepack_bf16(w, b, self.rows)
+                self.bf16_packable = self.bf16 is not None
+            if self.bf16 is not None:
+                return torch.ops.mkldnn._linear_pointwise(x, self.bf16[0], self.bf16[1], "none", [], "")
+            return None
         rows = x.numel() // x.shape[-1]
         if x.dtype == torch.float32 and w.dtype == torch.float32 and rows == self.rows:
             if self.fp32 is None:
@@ -92,13 +97,14 @@ def packing_available() -> bool:
     return torch.backends.mkldnn.is_available() and torch.backends.mkl.is_available()
 
 
-@lru_cache(maxsize=None)
-def _bf16_prepack_supported() -> bool:
-    """oneDNN refuses to prepack bf16 weights on CPUs without native bf16 (AVX2-only: "needs avx_ne_convert or
-    avx512bw, avx512vl and avx512dq"); there bf16 products go through F.linear."""
-    from dalle_lab.utils import cpu_has_native_bf16
-
-    return cpu_has_native_bf16()
+def _prepack_bf16(w: torch.Tensor, b: torch.Tensor | None, rows: int):
+    """(weight prepacked for oneDNN's bf16 linear, bf16 bias), or None where oneDNN refuses: a CPU without native
+    bf16 that cpu_has_native_bf16 was told to treat as one (DALLE_LAB_CPU_BF16=1) falls back to F.linear."""
+    try:
+        packed = torch.ops.mkldnn._reorder_linear_weight(w.detach().to(torch.bfloat16), rows)
+    except RuntimeError:
+        return None
+    return packed, None if b is None else b.detach().to(torch.bfloat16)
 
 
 class Linear(nn.Linear):

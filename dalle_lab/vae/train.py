@@ -561,6 +561,7 @@ def train_vae(cfg: VAETrainConfig) -> dict[str, Any]:
     metrics["train_seconds"] = time.time() - started
     metrics["train_cpu_seconds"] = time.process_time() - cpu_started
     metrics["steps_this_run"] = run.step - start_step
+    metrics["precision"] = "bf16" if amp_dtype is not None else "fp32"
     _save(run, cfg, last)
     save_samples()
     ckpt_path, _ = export_tokenizer(cfg, last, out / "vqgan.ckpt", yaml_path)
