@@ -105,3 +105,18 @@ def atomic_torch_save(obj: Any, path: str | os.PathLike) -> Path:
     import torch
 
     return atomic_write(path, lambda tmp: torch.save(obj, tmp))
+
+
+def cuda_has_native_bf16(device=None) -> bool:
+    """Whether this CUDA GPU computes bfloat16 natively (compute capability 8.0 and newer: A100, H100, RTX 30xx on).
+
+    torch.cuda.is_bf16_supported() also answers yes for older GPUs (V100, T4) that only emulate bfloat16, far more
+    slowly; there `--amp` means float16 with dynamic loss scaling instead. The demo recipe and mixed precision ask
+    this one function. False without CUDA."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return False
+    if torch.version.hip:  # ROCm: every GPU torch supports computes bfloat16
+        return True
+    return torch.cuda.get_device_capability(device)[0] >= 8

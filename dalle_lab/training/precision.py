@@ -4,7 +4,8 @@
   computes bfloat16 natively (avx512_bf16 or AMX); elsewhere (e.g. AVX2-only processors) `auto` means float32,
   because emulated bfloat16 products are far slower than float32 ones there (an AVX2 EPYC: 10.3 s against 0.61 s
   per training step at batch 32, reports/recipe/train_step_precision.json). `--amp_dtype bf16` still forces it.
-- CUDA: bfloat16 when the GPU supports it, otherwise float16 with dynamic loss scaling (GradScaler).
+- CUDA: bfloat16 where the GPU computes it natively (compute capability 8.0 and newer), otherwise float16 with
+  dynamic loss scaling (GradScaler): older GPUs only emulate bfloat16.
 Weights stay float32 in every case: there is no bare `.half()` anywhere, so no path trains fp16 without a scaler.
 """
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 import contextlib
 from dataclasses import dataclass
 
-from dalle_lab.utils import cpu_has_native_bf16
+from dalle_lab.utils import cpu_has_native_bf16, cuda_has_native_bf16
 
 AMP_DTYPES = ("auto", "bf16", "fp16")
 
@@ -57,6 +58,6 @@ def resolve_precision(amp: bool, device, amp_dtype: str = "auto") -> Precision:
         return Precision("cpu", "bf16")
     if device_type == "cuda":
         if amp_dtype == "auto":
-            return Precision("cuda", "bf16" if torch.cuda.is_bf16_supported() else "fp16")
+            return Precision("cuda", "bf16" if cuda_has_native_bf16(device) else "fp16")
         return Precision("cuda", amp_dtype)
     raise ValueError(f"--amp is not supported on device type {device_type!r}; use cpu or cuda")
