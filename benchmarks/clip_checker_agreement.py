@@ -104,10 +104,10 @@ def agreement(images, captions, reward, seed: int) -> dict:
 
 def generated_images(dalle_path, captions, seed: int, batch_size: int = 16):
     from dalle_lab.training.checkpoint import load_dalle
-    from dalle_lab.training.generation import SamplingSettings
+    from dalle_lab.generate import GenerationConfig
 
     dalle, tokenizer, _ = load_dalle(dalle_path)
-    settings = SamplingSettings()
+    settings = GenerationConfig()
     generator = torch.Generator().manual_seed(seed)
     images = []
     with torch.no_grad():

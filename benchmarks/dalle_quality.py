@@ -26,10 +26,10 @@ def main(argv=None) -> int:
     p.add_argument("--dalle_path", default="runs/dalle/dalle.pt")
     p.add_argument("--n_val", type=int, default=200)
     p.add_argument("--n_heldout", type=int, default=100)
-    # sampling defaults: the library's (SamplingSettings), so the benchmark scores what generate.py produces
-    from dalle_lab.training.generation import SamplingSettings
+    # sampling defaults: the library's (GenerationConfig), so the benchmark scores what generate.py produces
+    from dalle_lab.generate import GenerationConfig
 
-    defaults = SamplingSettings()
+    defaults = GenerationConfig()
     p.add_argument("--top_k", type=int, default=defaults.top_k)
     p.add_argument("--top_p", type=float, default=defaults.top_p)
     p.add_argument("--temperature", type=float, default=defaults.temperature)
@@ -48,12 +48,14 @@ def main(argv=None) -> int:
 
     from dalle_lab.data.shapes import evaluate, heldout_captions, validation_captions
     from dalle_lab.training.checkpoint import load_dalle
-    from dalle_lab.training.generation import SamplingSettings, sample_images
+    from dalle_lab.generate import GenerationConfig
+    from dalle_lab.generate.folders import sample_images
 
     if args.threads:
         torch.set_num_threads(args.threads)
     dalle, tokenizer, vae = load_dalle(args.dalle_path, "cpu")
-    settings = SamplingSettings(args.top_k or None, args.top_p, args.temperature, args.cond_scale)
+    settings = GenerationConfig(top_k=args.top_k or None, top_p=args.top_p, temperature=args.temperature,
+                                cond_scale=args.cond_scale)
     ckpt_step = torch.load(args.dalle_path, weights_only=True, map_location="cpu").get("step")
     report = {"checkpoint": args.dalle_path, "step": ckpt_step, "settings": vars(args)}
     for name, captions in (("validation", validation_captions(args.n_val)),

@@ -26,7 +26,7 @@ def image_loss(dalle, tokenizer, image_tokens, captions, batch_size=64) -> float
     """Mean cross-entropy (nats) of `image_tokens` (B, image_seq_len) given `captions` (None: the empty caption)."""
     import torch.nn.functional as F
 
-    from dalle_lab.training.generation import tokenize_captions
+    from dalle_lab.generate.folders import tokenize_captions
 
     cfg, total, count = dalle.config, 0.0, 0
     for start in range(0, len(image_tokens), batch_size):
@@ -52,7 +52,7 @@ def save_sample_grid(dalle, vae, tokenizer, names, path, samples, settings, seed
     import torch
 
     from dalle_lab.data.emoji import EmojiDataset
-    from dalle_lab.training.generation import sample_images
+    from dalle_lab.generate.folders import sample_images
     from dalle_lab.viz.grid import make_labeled_rows
 
     everything = EmojiDataset("all", image_size=vae.image_size)
@@ -76,9 +76,9 @@ def derangement(items, seed):
 
 
 def main(argv=None) -> int:
-    from dalle_lab.training.generation import SamplingSettings
+    from dalle_lab.generate import GenerationConfig
 
-    defaults = SamplingSettings()
+    defaults = GenerationConfig()
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--dalle_path", default="runs/emoji/dalle.pt")
     p.add_argument("--images_per_name", type=int, default=2, help="generated images per skin-tone name")
@@ -97,7 +97,7 @@ def main(argv=None) -> int:
 
     from dalle_lab.data.emoji import SKIN_TONES, EmojiDataset, classify_skin_tone, skin_tone_of
     from dalle_lab.training.checkpoint import load_dalle
-    from dalle_lab.training.generation import sample_images
+    from dalle_lab.generate.folders import sample_images
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -128,7 +128,8 @@ def main(argv=None) -> int:
         toned = [(i, name) for i, name in enumerate(names) if skin_tone_of(name) is not None]
         captions = [name for _, name in toned for _ in range(args.images_per_name)]
         truth = torch.tensor([skin_tone_of(name) for name in captions])
-        settings = SamplingSettings(args.top_k or None, None, args.temperature, args.cond_scale)
+        settings = GenerationConfig(top_k=args.top_k or None, temperature=args.temperature,
+                                    cond_scale=args.cond_scale)
         start = time.perf_counter()
         generated = sample_images(dalle, vae, tokenizer, captions, settings, seed=args.seed)
         seconds = time.perf_counter() - start

@@ -42,15 +42,16 @@ def evaluate(checkpoint: Path, n_val: int, n_heldout: int, samplings, threads: i
     from dalle_lab.data.shapes import heldout_captions, validation_captions
     from dalle_lab.experiments.shapes_eval import heldout_losses
     from dalle_lab.training.checkpoint import load_dalle
-    from dalle_lab.training.generation import SamplingSettings, sample_images
+    from dalle_lab.generate import GenerationConfig
+    from dalle_lab.generate.folders import sample_images
 
     torch.set_num_threads(threads)
     dalle, tokenizer, vae = load_dalle(str(checkpoint), "cpu")
     dalle.eval()
     result = {"losses": {split: heldout_losses(dalle, vae, tokenizer, split, 512) for split in ("val", "heldout")}}
-    defaults = SamplingSettings()
+    defaults = GenerationConfig()
     for name, top_k, temperature, cond_scale in samplings:
-        settings = defaults if name == "default" else SamplingSettings(top_k, None, temperature, cond_scale)
+        settings = defaults if name == "default" else GenerationConfig(top_k, None, None, temperature, cond_scale)
         scores = {"settings": vars(settings).copy()}
         for split, captions in (("val", validation_captions(n_val)), ("heldout", heldout_captions(n_heldout))):
             images = sample_images(dalle, vae, tokenizer, captions, settings, seed=0, batch_size=50)

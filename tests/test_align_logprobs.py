@@ -6,7 +6,7 @@ import contextlib
 import pytest
 import torch
 
-from dalle_lab import sampling
+from dalle_lab.generate import sampling
 from dalle_lab.align.config import AlignConfig
 from dalle_lab.align.logprobs import pack_mask, policy_logprobs, sample_with_support, unpack_mask
 from dalle_lab.align.policy_gradient import PolicyGradientTrainer, token_kl

@@ -1,4 +1,4 @@
-"""The Inductor-compiled decode step (model/compiled_step.py): the same tokens as the eager cached path, frozen
+"""The Inductor-compiled decode step (generate/compiled.py): the same tokens as the eager cached path, frozen
 weights never used stale, a failed compile falls back to the eager step with a warning."""
 import shutil
 import warnings
@@ -6,7 +6,8 @@ import warnings
 import pytest
 import torch
 
-from dalle_lab.model import DALLE, compiled_step
+from dalle_lab.generate import compiled as compiled_step
+from dalle_lab.model import DALLE
 
 needs_compiler = pytest.mark.skipif(shutil.which("g++") is None and shutil.which("c++") is None,
                                     reason="TorchInductor's CPU backend needs a C++ compiler (g++)")
@@ -22,7 +23,7 @@ def _model(seed=0, **extra):
 
 def _tokens(model, compile, seed=0, **kw):
     text = torch.randint(1, 50, (2, 5), generator=torch.Generator().manual_seed(1))
-    return model.generate_images(text, return_tokens=True, top_k=8, compile=compile,
+    return model.generate_images(text, return_tokens=True, top_k=8, strategy="compiled" if compile else "plain",
                                  generator=torch.Generator().manual_seed(seed), **kw)
 
 
@@ -40,8 +41,9 @@ def _no_fallback(fn):
 
 @needs_compiler
 @pytest.mark.parametrize("extra", [dict(stable=True), dict(sandwich_norm=True), dict(share_input_output_emb=True),
-                                   dict(layer_scale=True),
-                                   dict(shared_attn_ids=(0, 0), shared_ff_ids=(0, 0))])
+                                   dict(shared_attn_ids=(0, 0), shared_ff_ids=(0, 0)), dict(layer_scale=True),
+                                   dict(rotary_emb=True, shift_tokens=True, layer_scale=True,
+                                        rotary_style="dallepytorch")])
 def test_compiled_options_and_inference_mode(cheap_compile, extra):
     model = _model(**extra)
     with torch.inference_mode():  # as generate.py runs
@@ -189,5 +191,6 @@ def test_a_model_built_under_inference_mode(cheap_compile):
 def test_generate_py_has_the_flag():
     from generate import build_parser
 
-    assert build_parser().parse_args(["--dalle_path", "x.pt", "--text", "a", "--compile"]).compile
-    assert not build_parser().parse_args(["--dalle_path", "x.pt", "--text", "a"]).compile
+    parse = build_parser().parse_args
+    assert parse(["--dalle_path", "x.pt", "--text", "a", "--strategy", "compiled"]).strategy == "compiled"
+    assert parse(["--dalle_path", "x.pt", "--text", "a"]).strategy == "auto"

@@ -458,7 +458,7 @@ def test_gentxt_completes_the_caption_then_draws_it(trained, tmp_path, capsys):
 
 
 def test_generate_texts_keeps_the_prefix_and_samples_only_real_tokens_or_the_end():
-    from dalle_lab.model.text_sampling import generate_texts
+    from dalle_lab.generate.text import generate_texts
 
     model = _tiny_dalle(text_seq_len=6).eval()
     V = model.config.num_text_tokens

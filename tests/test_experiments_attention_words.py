@@ -55,7 +55,7 @@ def test_shares_of_a_random_model_sum_to_one_and_match_its_full_attention(tokeni
     image_tokens = StubVAE().get_codebook_indices(images)
     model.eval()
     with torch.no_grad():
-        _, attentions = model._hidden(model._text_ids(text), image_tokens[:, :-1], return_attention=True)
+        _, attentions = model.hidden(model.text_ids(text), image_tokens[:, :-1], return_attention=True)
     T = TEXT_SEQ_LEN
     for layer, full in enumerate(attentions):  # (B, heads, L, L)
         rows = full[:, :, T:]

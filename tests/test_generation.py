@@ -1,9 +1,10 @@
-"""DALLE.generate_images: cache equivalence, guidance, filtering, recorded log-probs, priming, decoding."""
+"""DALLE.generate_images over dalle_lab.generate: cache equivalence, guidance, filtering, recorded log-probs, priming,
+decoding, bad settings."""
 import pytest
 import torch
 
 from dalle_lab.model import DALLE
-from dalle_lab.sampling import sampling_distribution
+from dalle_lab.generate.sampling import sampling_distribution
 
 from tiny_models import TINY, opinionated_dalle
 
@@ -159,23 +160,6 @@ def test_pixels_in_and_images_out_with_a_tiny_vqgan(tiny_vae):
     images = model.generate_images(text, img=pixels, num_init_img_tokens=tiny_vae.fmap_size, top_k=4)
     assert images.shape == (2, 3, tiny_vae.image_size, tiny_vae.image_size)
     assert images.min() >= 0 and images.max() <= 1
-
-
-def test_kv_cache_is_preallocated_and_written_in_place():
-    from dalle_lab.model.attention import KVCache
-
-    cache = KVCache(max_len=6)
-    first = torch.randn(2, 1, 2, 3, 4)  # (keys/values, B, heads, positions, dim_head)
-    keys, values = cache.update(0, first)
-    storage = cache.buffer.data_ptr()
-    step = torch.randn(2, 1, 2, 1, 4)
-    keys, values = cache.update(3, step)
-    assert cache.buffer.data_ptr() == storage  # no reallocation, no concatenation
-    assert keys.shape == (1, 2, 4, 4) and keys.data_ptr() == storage
-    torch.testing.assert_close(keys[:, :, :3], first[0])
-    torch.testing.assert_close(values[:, :, 3:], step[1])
-    with pytest.raises(ValueError, match="overflow"):
-        cache.update(6, step)
 
 
 def test_int32_token_ids_are_accepted():

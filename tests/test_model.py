@@ -106,7 +106,7 @@ def test_logits_mask_separates_text_and_image_vocab():
 def test_pads_get_position_specific_ids():
     model = tiny_dalle()
     text = torch.tensor([[5, 7, 0, 0, 0, 0], [5, 7, 9, 0, 0, 0]])
-    ids = model._text_ids(text)
+    ids = model.text_ids(text)
     assert ids[0].tolist() == [5, 7, 52, 53, 54, 55]  # pad at position i -> num_text_tokens + i
     assert ids[1, 3:].tolist() == [53, 54, 55]
     # The same pad id 0 at different positions is embedded differently (beyond the position embedding).
@@ -128,7 +128,7 @@ def test_caption_dropout_leaves_prompt_and_text_loss_alone():
     dropped_text = text * keep[:, None]
     full = model(dropped_text, image)
     T, V_text = TINY["text_seq_len"], TINY["num_text_tokens"] + TINY["text_seq_len"]
-    targets = model._text_ids(dropped_text)
+    targets = model.text_ids(dropped_text)
     text_ce = F.cross_entropy(full[:, :T, :V_text].transpose(1, 2), targets, reduction="none")
     torch.testing.assert_close(out.loss_text, text_ce[keep].mean())
     img_ce = F.cross_entropy(full[:, T:, V_text:].transpose(1, 2), image)
@@ -260,8 +260,8 @@ def test_attention_maps_shape_and_normalisation():
     assert maps.shape == (TINY["depth"], 1, TINY["heads"], N, T + 1)
     assert (maps >= 0).all() and (maps.sum(-1) <= 1 + 1e-5).all()
     # the explicit path used for the maps computes the same function as SDPA
-    full = model._hidden(model._text_ids(text), image[:, :-1], return_attention=True)[0]
-    torch.testing.assert_close(full, model._hidden(model._text_ids(text), image[:, :-1])[0], atol=1e-5, rtol=1e-5)
+    full = model.hidden(model.text_ids(text), image[:, :-1], return_attention=True)[0]
+    torch.testing.assert_close(full, model.hidden(model.text_ids(text), image[:, :-1])[0], atol=1e-5, rtol=1e-5)
 
 
 def test_bfloat16_autocast_training_step_matches_float32():

@@ -9,10 +9,11 @@ import torch
 
 from dalle_lab.model import DALLE, DALLEConfig
 from dalle_lab.model.attention import Attention
-from dalle_lab.model.decoding import Decoder, Sampling
+from dalle_lab.generate import GenerationConfig
+from dalle_lab.generate.decoder import Decoder
 from dalle_lab.model.masks import LayerMasks, attention_mask
 from dalle_lab.model.positional import TokenShift, apply_rotary, rotary_angles
-from dalle_lab.sampling import sampling_distribution
+from dalle_lab.generate.sampling import sampling_distribution
 from dalle_lab.training.cli import build_train_parser, config_from_args
 
 import tiny_models
@@ -85,8 +86,8 @@ def check_sampled_tokens(model, saved, cond_scale, top_k, seed, amplification):
     """The saved tokens are what this machine's model draws from the same generator, wherever the draw was not
     within the tolerance of another token's interval.
 
-    The sampler (dalle_lab.sampling.draw) takes one float64 uniform per caption and position, in order, from the
-    generator, and picks the token whose interval of the running sum of probabilities holds it. Feeding the saved
+    The sampler (dalle_lab.generate.sampling.draw) takes one float64 uniform per caption and position, in order,
+    from the generator, and picks the token whose interval of the running sum of probabilities holds it. Feeding the saved
     tokens back (teacher forcing) gives this machine's distribution at every position; a draw that lies further
     than the tolerance from its interval's ends picks the same token on any machine whose logits agree within it.
     """
@@ -220,9 +221,9 @@ def test_full_forward_logits_equal_a_reference_with_the_explicit_mask(kind, monk
     with torch.no_grad():
         fast = model.logits(text, image)
         monkeypatch.setattr(LayerMasks, "for_pass", lambda self, q, k, full: [reference_mask(kind)] * len(self.types))
-        x = model._embed(model._text_ids(text), image[:, :-1])
+        x = model.embed(model.text_ids(text), image[:, :-1])
         h, _ = model.transformer(x, return_attention=True)  # explicit path, reference masks
-        reference = model.to_image_logits(model._final(h)[:, TINY["text_seq_len"]:])
+        reference = model.to_image_logits(model.final(h)[:, TINY["text_seq_len"]:])
         plain = opinionated()  # the same weights with full attention: the mask must matter
         full = plain.logits(text, image)
     torch.testing.assert_close(fast, reference, atol=1e-5, rtol=1e-5)
@@ -254,7 +255,7 @@ def test_cached_generation_gives_the_uncached_tokens(name, cond_scale):
     model = opinionated(**OPTIONS[name])
     runs = [model.generate_images(TEXT, return_tokens=True, return_logprobs=True, top_k=8, cond_scale=cond_scale,
                                   generator=torch.Generator().manual_seed(5), **kw)
-            for kw in (dict(use_cache=False), dict(), dict(cuda_graph=True))]  # cuda_graph: the static cache
+            for kw in (dict(use_cache=False), dict(strategy="plain"), dict(), dict(strategy="graph"))]
     for tokens, logprobs in runs[1:]:
         assert torch.equal(tokens, runs[0][0])
         torch.testing.assert_close(logprobs, runs[0][1], atol=1e-5, rtol=1e-5)
@@ -268,7 +269,7 @@ def test_speculative_windows_at_different_row_positions_score_like_the_full_pass
     image = image_tokens()
     with torch.no_grad():
         expected = model.logits(TEXT, image)  # (B, N, V): position i predicts token i
-        dec = Decoder(model, model._text_ids(TEXT), Sampling(cond_scale=2.0), static=True, extra_len=8)
+        dec = Decoder(model, model.text_ids(TEXT), GenerationConfig(cond_scale=2.0), extra_len=8)
         dec.prefill(image[:, :0])
         start = torch.tensor([[0], [5]])  # row 0 at grid index 0, row 1 further on (its prefix fed first)
         dec.step(image[1:2, :5].expand(2, -1), torch.arange(5).expand(2, -1))  # rows' prefixes (row 0 rewrites later)
@@ -400,8 +401,6 @@ def test_resuming_a_checkpoint_older_than_the_options_compares_them_with_their_d
 def test_bfloat16_autocast_training_and_cached_decoding_with_every_option():
     """The bf16 CPU attention kernel takes the masks too, rotary keeps bf16 queries bf16, and cached bf16 decoding
     gives the uncached tokens (the bf16 paths share one kernel)."""
-    from dalle_lab.model.decoding import plain_decode
-
     model = opinionated(**{**OPTIONS["all"], "stable": False})
     text, image = TEXT, image_tokens()
     with torch.no_grad():
@@ -413,13 +412,10 @@ def test_bfloat16_autocast_training_and_cached_decoding_with_every_option():
     torch.testing.assert_close(bf16.float(), fp32, atol=0.1, rtol=0.05)
     model.eval()
     runs = []
-    for use_cache in (False, True):
-        tokens = torch.zeros(2, FMAP ** 2, dtype=torch.long)
-        with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
-            plain_decode(model, model._text_ids(text), tokens, torch.zeros(tokens.shape), 0,
-                         Sampling(cond_scale=2.0, top_k=8), torch.Generator().manual_seed(2), use_cache=use_cache,
-                         prepack=False)  # prepacked bf16 weights need avx512 (tests/test_decoding.py covers them)
-        runs.append(tokens)
+    for strategy in ("uncached", "auto"):  # auto: the module path (bf16), its products prepacked where supported
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            runs.append(model.generate_images(text, return_tokens=True, cond_scale=2.0, top_k=8, strategy=strategy,
+                                              generator=torch.Generator().manual_seed(2)))
     assert torch.equal(runs[0], runs[1])
 
 

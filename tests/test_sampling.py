@@ -1,10 +1,10 @@
-"""dalle_lab.sampling: pure functions on image-token logits."""
+"""dalle_lab.generate.sampling: pure functions on image-token logits."""
 import math
 
 import pytest
 import torch
 
-from dalle_lab.sampling import (apply_guidance, filter_top_k, filter_top_p, resolve_top_k, sample_from_log_probs,
+from dalle_lab.generate.sampling import (apply_guidance, filter_top_k, filter_top_p, resolve_top_k, sample_from_log_probs,
                                 sampling_distribution)
 
 

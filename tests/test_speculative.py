@@ -7,8 +7,8 @@ import torch
 from scipy.stats import chi2
 
 from dalle_lab.model import DALLE
-from dalle_lab.model.speculative import acceptance, leading_accepts, residual
-from dalle_lab.sampling import resolve_top_k, sampling_distribution
+from dalle_lab.generate.speculative import acceptance, leading_accepts, residual
+from dalle_lab.generate.sampling import resolve_top_k, sampling_distribution
 
 # Chi-square tests reject at this p-value. The seeds are fixed, so every run sees the same statistic: the threshold
 # is what a correct sampler has to pass, and what a biased one (see the break test) fails by orders of magnitude.
@@ -76,7 +76,7 @@ def test_speculative_samples_follow_the_exact_image_distribution(settings, windo
     images, probs = exact_image_distribution(model, text, **settings)
     assert abs(float(probs.sum()) - 1) < 1e-5
     n = 6000
-    samples = model.generate_images(text.expand(n, -1), return_tokens=True, speculative=True,
+    samples = model.generate_images(text.expand(n, -1), return_tokens=True, strategy="speculative",
                                     speculative_window=window, generator=torch.Generator().manual_seed(1), **settings)
     assert chi_square_p_value(samples, images, probs) > CHI2_P_THRESHOLD
 
@@ -86,7 +86,7 @@ def test_plain_samples_follow_the_exact_image_distribution():
     model = enumerable_dalle()
     text = torch.tensor([[5, 7, 0]])
     images, probs = exact_image_distribution(model, text, cond_scale=3.0, top_k=2)
-    samples = model.generate_images(text.expand(6000, -1), return_tokens=True, speculative=False, cond_scale=3.0,
+    samples = model.generate_images(text.expand(6000, -1), return_tokens=True, strategy="plain", cond_scale=3.0,
                                     top_k=2, generator=torch.Generator().manual_seed(1))
     assert chi_square_p_value(samples, images, probs) > CHI2_P_THRESHOLD
 
@@ -94,13 +94,13 @@ def test_plain_samples_follow_the_exact_image_distribution():
 def test_the_chi_square_check_rejects_a_sampler_that_always_accepts_drafts(monkeypatch):
     """The break test: accepting every draft (Jacobi decoding without the acceptance rule) is biased, and the
     same check at the same threshold must say so."""
-    import dalle_lab.model.speculative as speculative
+    import dalle_lab.generate.speculative as speculative
 
     monkeypatch.setattr(speculative, "acceptance", lambda p, q, u: torch.ones_like(p, dtype=torch.bool))
     model = enumerable_dalle()
     text = torch.tensor([[5, 7, 0]])
     images, probs = exact_image_distribution(model, text)
-    samples = model.generate_images(text.expand(6000, -1), return_tokens=True, speculative=True,
+    samples = model.generate_images(text.expand(6000, -1), return_tokens=True, strategy="speculative",
                                     speculative_window=3, generator=torch.Generator().manual_seed(1))
     assert chi_square_p_value(samples, images, probs) < 1e-12
 
@@ -110,7 +110,7 @@ def test_speculative_decoding_records_the_exact_log_probs_and_keeps_the_prime():
     text = torch.tensor([[5, 7, 0], [3, 0, 0]])
     prime = torch.tensor([[2, 1, 0, 0], [0, 2, 0, 0]])
     tokens, logprobs = model.generate_images(text, img=prime, num_init_img_tokens=1, return_tokens=True,
-                                             return_logprobs=True, speculative=True, speculative_window=2,
+                                             return_logprobs=True, strategy="speculative", speculative_window=2,
                                              cond_scale=2.0, temperature=0.8,
                                              generator=torch.Generator().manual_seed(0))
     assert torch.equal(tokens[:, 0], prime[:, 0])
@@ -123,9 +123,13 @@ def test_speculative_decoding_records_the_exact_log_probs_and_keeps_the_prime():
 
 def test_speculative_decoding_refuses_a_logits_callback():
     model = enumerable_dalle()
-    with pytest.raises(ValueError, match="speculative=True needs use_cache=True and no logits_callback"):
-        model.generate_images(torch.tensor([[5, 7, 0]]), return_tokens=True, speculative=True,
+    with pytest.raises(ValueError, match="strategy 'speculative' scores several positions per pass.*no "
+                                         "logits_callback"):
+        model.generate_images(torch.tensor([[5, 7, 0]]), return_tokens=True, strategy="speculative",
                               logits_callback=lambda *a: None)
+    with pytest.raises(ValueError, match="use_cache=False reruns the prefix every pass"):
+        model.generate_images(torch.tensor([[5, 7, 0]]), return_tokens=True, strategy="speculative",
+                              use_cache=False)
 
 
 # ----- the acceptance rule on its own ------------------------------------------------------------------------
@@ -178,7 +182,7 @@ def test_one_draft_accept_or_resample_samples_p_empirically():
 
 
 def test_inverse_cdf_draw_follows_the_probabilities_and_never_draws_a_zero():
-    from dalle_lab.sampling import draw
+    from dalle_lab.generate.sampling import draw
 
     p = torch.tensor([0.0, 0.3, 0.0, 0.45, 0.25, 0.0])  # unnormalised rows are fine too: scale by 2
     n = 30000
@@ -190,11 +194,11 @@ def test_inverse_cdf_draw_follows_the_probabilities_and_never_draws_a_zero():
     assert chi2.sf(statistic, df=2) > CHI2_P_THRESHOLD
 
 
-def test_generate_py_speculative_flag_picks_the_decoder(tiny_vqgan, tmp_path, monkeypatch):
+def test_generate_py_strategy_flag_picks_the_decoder(tiny_vqgan, tmp_path, monkeypatch):
     import importlib.util
     from pathlib import Path
 
-    import dalle_lab.model.dalle as dalle_module
+    import dalle_lab.generate.generation as generation
 
     root = Path(__file__).resolve().parents[1]
 
@@ -209,19 +213,20 @@ def test_generate_py_speculative_flag_picks_the_decoder(tiny_vqgan, tmp_path, mo
                        "--dim", "32", "--depth", "1", "--heads", "2", "--dim_head", "16", "--max_steps", "1",
                        "--batch_size", "2", "--sample_every_n_steps", "0", "--no-progress", "--output_dir", out) == 0
     used = []
-    real = dalle_module.speculative_decode
-    monkeypatch.setattr(dalle_module, "speculative_decode", lambda *a, **k: used.append(1) or real(*a, **k))
-    for flag, expected in (("--speculative", 1), ("--no-speculative", 0)):
+    real = generation.speculative_decode
+    monkeypatch.setattr(generation, "speculative_decode", lambda *a, **k: used.append(1) or real(*a, **k))
+    for strategy, expected in (("speculative", 1), ("auto", 0)):
         used.clear()
         assert script_main("generate.py", "--dalle_path", out / "dalle.pt", "--text", "a red circle",
-                           "--num_images", "2", "--outputs_dir", tmp_path / flag, flag) == 0
-        assert len(used) == expected, flag
-        assert (tmp_path / flag / "a_red_circle" / "1.png").is_file()
+                           "--num_images", "2", "--outputs_dir", tmp_path / strategy, "--strategy", strategy) == 0
+        assert len(used) == expected, strategy
+        assert (tmp_path / strategy / "a_red_circle" / "1.png").is_file()
 
 
-def test_a_speculative_default_falls_back_to_plain_where_it_cannot_apply():
+def test_the_default_strategy_decodes_one_token_per_pass():
+    """auto never picks speculative decoding (slower on the CPU, docs/performance.md), so a logits_callback sees
+    every position, in order."""
     model = enumerable_dalle()
-    model.speculative_default = True
     seen = []
     tokens = model.generate_images(torch.tensor([[5, 7, 0]]), return_tokens=True,
                                    logits_callback=lambda i, c, u: seen.append(i))

@@ -3,8 +3,8 @@ the caller's count restored afterwards, errors included; under the default polic
 import pytest
 import torch
 
-from dalle_lab.model import threads
-from dalle_lab.model.threads import decode_threads
+from dalle_lab.generate import threads
+from dalle_lab.generate.threads import decode_threads
 
 
 @pytest.fixture
@@ -64,7 +64,7 @@ def test_generation_restores_the_thread_count(two_threads):
 
 def test_speculative_window_passes_run_on_one_thread(two_threads, monkeypatch):
     from dalle_lab.model import DALLE
-    from dalle_lab.model.decoding import Decoder
+    from dalle_lab.generate.decoder import Decoder
 
     model = DALLE(dim=32, depth=1, heads=2, dim_head=16, num_text_tokens=50, text_seq_len=5, num_image_tokens=24,
                   image_fmap_size=2).eval()
@@ -76,6 +76,6 @@ def test_speculative_window_passes_run_on_one_thread(two_threads, monkeypatch):
         return step(self, *args, **kwargs)
 
     monkeypatch.setattr(Decoder, "step", recording_step)
-    model.generate_images(torch.ones(2, 5, dtype=torch.long), return_tokens=True, speculative=True)
+    model.generate_images(torch.ones(2, 5, dtype=torch.long), return_tokens=True, strategy="speculative")
     assert seen and set(seen) == {1}
     assert torch.get_num_threads() == 2

@@ -85,13 +85,11 @@ def build_ours(config: dict | None) -> Bench:
     def loss(text, image_tokens):
         return model(text, image_tokens, return_loss=True)
 
-    def generate(text, use_cache, filter_thres, decode="plain"):
-        # decode: "plain" (one token per pass: the path target 1 measures), "speculative" (lossless speculative
-        # Jacobi decoding), "graph" / "speculative-graph" (the same, each pass replayed as a CUDA graph), "compiled"
-        # (plain, each pass through the Inductor-compiled step)
+    def generate(text, use_cache, filter_thres, decode="default"):
+        # decode: "default" (generate_images with no strategy: what users get, the path the targets measure) or a
+        # GenerationConfig strategy ("plain" is the cached module path the fast paths are tested against)
         return model.generate_images(text, filter_thres=filter_thres, use_cache=use_cache, return_tokens=True,
-                                     speculative=decode.startswith("speculative"), cuda_graph=decode.endswith("graph"),
-                                     compile=decode == "compiled")
+                                     strategy="auto" if decode == "default" else decode)
 
     def optimizer(params):
         from dalle_lab.training.engine import adamw
@@ -105,7 +103,7 @@ def build_ours(config: dict | None) -> Bench:
 
 def _ours_effective_k(bench: Bench, filter_thres: float) -> int:
     """Count the image tokens our sampler leaves with non-zero probability for one row of random logits."""
-    from dalle_lab import sampling
+    from dalle_lab.generate import sampling
 
     k = sampling.resolve_top_k(None, filter_thres, bench.num_image_tokens)
     log_probs = sampling.sampling_distribution(torch.randn(1, bench.num_image_tokens), top_k=k)
@@ -165,8 +163,8 @@ def build_peer(config: dict, variant: str = "class-default") -> Bench:
     def loss(text, image_tokens):
         return model(text, image_tokens, return_loss=True)
 
-    def generate(text, use_cache, filter_thres, decode="plain"):
-        if decode != "plain":
+    def generate(text, use_cache, filter_thres, decode="default"):
+        if decode != "default":
             raise ValueError(f"dalle-pytorch 1.6.6 has no {decode!r} decoding")
         return model.generate_images(text, filter_thres=filter_thres, use_cache=use_cache)
 

@@ -42,7 +42,7 @@ def cpu_us(fn, reps: int, rounds: int = 3) -> list:
 
 
 def lever_draw(torch, results):
-    from dalle_lab.sampling import draw
+    from dalle_lab.generate.sampling import draw
 
     g = torch.Generator().manual_seed(0)
     for rows in (4, 16, 64):
@@ -111,7 +111,8 @@ def lever_cache(torch, results):
 def lever_step(torch, results):
     from backends import REFERENCE
     from dalle_lab.model import DALLE
-    from dalle_lab.model.decoding import Decoder, Sampling
+    from dalle_lab.generate import GenerationConfig
+    from dalle_lab.generate.decoder import Decoder
     from dalle_lab.model.linear import packed_linears
 
     model = DALLE(**REFERENCE).eval()
@@ -119,7 +120,8 @@ def lever_step(torch, results):
     for dtype in ("fp32", "bf16"):
         for n in (1, 5):
             for pack in (False, True):
-                dec = Decoder(model, model._text_ids(text), Sampling(), static=True, extra_len=8)
+                config = GenerationConfig(top_k=None, cond_scale=1.0)
+                dec = Decoder(model, model.text_ids(text), config, extra_len=8)
                 ctx = torch.autocast("cpu", dtype=torch.bfloat16) if dtype == "bf16" else nullcontext()
                 with torch.no_grad(), ctx, packed_linears(model, 4 * n, enabled=pack):
                     dec.prefill(text[:, :0])

@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/perf/run.py              # full run (about 15-25 minutes on 2 busy cores)
     .venv/bin/python benchmarks/perf/run.py --quick      # before submitting a model/sampler change (< 2 minutes)
     .venv/bin/python benchmarks/perf/run.py --no-peer    # ours only
-    .venv/bin/python benchmarks/perf/run.py --device cuda  # ours on a GPU: plain, CUDA-graph and speculative decoding
+    .venv/bin/python benchmarks/perf/run.py --device cuda  # ours on a GPU: the default, CUDA-graph and speculative
     ... --json results.json                              # where every raw measurement goes (default: see --json)
 
 Every measurement runs in its own fresh process (worker.py), so its peak resident memory is its own, with torch held
@@ -51,7 +51,7 @@ def plan_cuda(quick: bool) -> list[list[Job]]:
         groups.append([Job(f"generate/reference/{decode}/b{batch}", "ours",
                            ["--task", "generate", *ref, "--use-cache", "1", "--batch", str(batch), "--reps", "2",
                             "--decode", decode, "--device", "cuda"])
-                       for decode in ("plain", "graph", "speculative", "speculative-graph")])
+                       for decode in ("default", "graph", "speculative")])
     return groups
 
 
@@ -64,23 +64,26 @@ def plan(quick: bool, peer: bool, default_config: dict) -> list[list[Job]]:
         return [Job(f"train/{cfg_name}/{dtype}", i, ["--task", "train", *cfg, "--dtype", dtype,
                                                      "--steps", str(steps), "--warmup", str(warmup)]) for i in who]
 
-    def gen(cfg_name, cfg, cache, reps, who=impls, batch=4, decode="plain"):
+    def gen(cfg_name, cfg, cache, reps, who=impls, batch=4, decode="default"):
+        # decode "default": generate_images with no strategy, as users call it (the peer's only way)
         name = ("cached" if cache else "uncached") + ("" if batch == 4 else f"/b{batch}")
-        name += "" if decode == "plain" else f"/{decode}"
+        name += "" if decode == "default" else f"/{decode}"
         return [Job(f"generate/{cfg_name}/{name}", i,
                     ["--task", "generate", *cfg, "--use-cache", str(int(cache)), "--batch", str(batch),
                      "--reps", str(reps), "--decode", decode]) for i in who]
 
     ceiling = [[Job("matmul", "ours", ["--task", "matmul", "--reps", "3" if quick else "10"])]]
+    plain = ["peer-plain"] if peer else []
     if quick:
         return ceiling + [
             # bf16's target is against the peer's fp32, so the peer's own bf16 run is left to the full mode
             train("reference", ref, "fp32", 3, 1) + train("reference", ref, "bf16", 3, 1, who=["ours"]),
-            gen("reference", ref, True, 1) + gen("reference", ref, True, 1, who=["ours"], decode="speculative")
+            gen("reference", ref, True, 1) + gen("reference", ref, True, 1, who=plain)
+            + gen("reference", ref, True, 1, who=["ours"], decode="speculative")
             + gen("reference", ref, True, 1, who=["ours"], decode="compiled"),
         ]
 
-    plain = ["peer-plain"] if peer else []
+    rot = _config_args(dict(REFERENCE, rotary_emb=True, shift_tokens=True))
     grids = {}
     for fmap in (8, 32):  # 64 and 1024 image tokens; 256 is the reference itself
         cfg = dict(REFERENCE, image_fmap_size=fmap)
@@ -88,8 +91,13 @@ def plan(quick: bool, peer: bool, default_config: dict) -> list[list[Job]]:
     return ceiling + [
         train("reference", ref, "fp32", 6, 2) + train("reference", ref, "fp32", 6, 2, who=plain)
         + train("reference", ref, "bf16", 6, 2),
-        gen("reference", ref, True, 2) + gen("reference", ref, True, 2, who=["ours"], decode="speculative")
+        # the default path against the peer's class defaults and its plain variant (rotary and token shift off,
+        # like for like with ours), then our other strategies
+        gen("reference", ref, True, 2) + gen("reference", ref, True, 2, who=plain)
+        + gen("reference", ref, True, 2, who=["ours"], decode="speculative")
         + gen("reference", ref, True, 2, who=["ours"], decode="compiled"),
+        # a DALLE-pytorch class-default architecture (rotary embeddings and token shift on) on both sides
+        gen("class-default", rot, True, 2),
         gen("reference", ref, True, 1, batch=64),
         gen("reference", ref, False, 1),
         grids[8] + grids[32],

@@ -67,7 +67,8 @@ def main(argv=None) -> int:
         t0, c0 = time.perf_counter(), time.process_time()
         with ctx:
             dalle.generate_images(text, return_tokens=True, generator=torch.Generator().manual_seed(seed),
-                                  speculative=window > 0, speculative_window=max(window, 1), **sampling)
+                                  strategy="speculative" if window > 0 else "auto",
+                                  speculative_window=max(window, 1), **sampling)
         return dict(wall_s=time.perf_counter() - t0, cpu_s=time.process_time() - c0, calls=len(calls))
 
     for dtype in args.dtype:  # warm-up: first calls pick and prime kernels

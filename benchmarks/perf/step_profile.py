@@ -34,8 +34,9 @@ from backends import REFERENCE  # noqa: E402
 from decode_levers import cpu_us, loadavg  # noqa: E402
 from results_file import git_commit, write_results  # noqa: E402
 
+from dalle_lab.generate import GenerationConfig, threads  # noqa: E402
+from dalle_lab.generate.decoder import Decoder  # noqa: E402
 from dalle_lab.model import DALLE, linear  # noqa: E402
-from dalle_lab.model.decoding import Decoder, Sampling, plain_decode  # noqa: E402
 
 BATCH, TOP_K = 4, 10
 KINDS = ("linear", "wt", "onednn")
@@ -52,11 +53,16 @@ def lever_step(results, rounds):
     variants = {"module": (False, "linear"), **{f"fused_{kind}": (True, kind) for kind in KINDS}}
     for name, (fused, kind) in variants.items():
         linear.PRODUCT_KINDS = ((64, kind),)
-        dec = Decoder(model, model._text_ids(text), Sampling(top_k=TOP_K), fused=fused)
-        with torch.no_grad(), linear.packed_linears(model, rows=BATCH):
+        dec = Decoder(model, model.text_ids(text), GenerationConfig(top_k=TOP_K, cond_scale=1.0))
+        with torch.no_grad(), model.packed_weights(rows=BATCH):
             dec.prefill(text[:, :0])
-            tokens, index = torch.randint(0, 512, (BATCH, 1)), torch.full((BATCH, 1), 150)
-            results[f"step/{name}/cpu_us"] = cpu_us(lambda: dec.step(tokens, index, at=150), 200, rounds)
+            tokens = torch.randint(0, 512, (BATCH, 1))
+            if fused:
+                fused_step = model.fused_step(dec.caches, dec.rows)
+                step = lambda: fused_step(dec.embed(tokens, 150).view(dec.rows, -1), dec.T + 1 + 150)  # noqa: E731
+            else:
+                step = lambda: dec.step_at(tokens, 150)  # noqa: E731
+            results[f"step/{name}/cpu_us"] = cpu_us(step, 200, rounds)
     linear.PRODUCT_KINDS = DEFAULT_KINDS
 
 
@@ -78,19 +84,21 @@ def lever_transpose(results, rounds):
                                                                      rounds)
 
 
-def generate(model, text, seed=0, **kw):
-    tokens = torch.zeros(BATCH, REFERENCE["image_fmap_size"] ** 2, dtype=torch.long)
-    logprobs = torch.zeros(tokens.shape)
+def generate(model, text, seed=0, strategy="auto", single_thread=True):
     wall, cpu = time.perf_counter(), time.process_time()
-    with torch.no_grad():
-        plain_decode(model, model._text_ids(text), tokens, logprobs, 0, Sampling(top_k=TOP_K),
-                     torch.Generator().manual_seed(seed), **kw)
+    bound = threads.SINGLE_THREAD_MAX_ROWS
+    threads.SINGLE_THREAD_MAX_ROWS = bound if single_thread else 0  # decode_threads off: every pass on all threads
+    try:
+        tokens = model.generate_images(text, top_k=TOP_K, return_tokens=True, strategy=strategy,
+                                       generator=torch.Generator().manual_seed(seed))
+    finally:
+        threads.SINGLE_THREAD_MAX_ROWS = bound
     return tokens, time.perf_counter() - wall, time.process_time() - cpu
 
 
-def alternate(results, prefix, variants, rounds, threads):
-    """variants: name -> (product kind, plain_decode kwargs); whole generations, alternated, raw values kept."""
-    torch.set_num_threads(threads)
+def alternate(results, prefix, variants, rounds, num_threads):
+    """variants: name -> (product kind, generate kwargs); whole generations, alternated, raw values kept."""
+    torch.set_num_threads(num_threads)
     model, text = reference_model()
     reference = None
     for r in range(rounds + 1):  # round 0 warms up and is not recorded
@@ -107,14 +115,15 @@ def alternate(results, prefix, variants, rounds, threads):
 
 
 def lever_generation(results, rounds):
-    alternate(results, "generation", {**{f"module_{kind}": (kind, dict(fused=False)) for kind in ("linear", "onednn")},
-                                      **{f"fused_{kind}": (kind, dict(fused=True)) for kind in KINDS}},
-              rounds, threads=1)
+    alternate(results, "generation", {**{f"module_{kind}": (kind, dict(strategy="plain"))
+                                         for kind in ("linear", "onednn")},
+                                      **{f"fused_{kind}": (kind, dict(strategy="fused")) for kind in KINDS}},
+              rounds, num_threads=1)
 
 
 def lever_threads(results, rounds):
     alternate(results, "threads2", {"single_thread_off": (None, dict(single_thread=False)),
-                                    "single_thread_on": (None, dict(single_thread=True))}, rounds, threads=2)
+                                    "single_thread_on": (None, dict(single_thread=True))}, rounds, num_threads=2)
 
 
 def lever_attention(results, rounds):

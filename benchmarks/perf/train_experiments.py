@@ -30,8 +30,8 @@ def loss_only(model, text, image):
     import torch.nn.functional as F
 
     cfg = model.config
-    text_ids = model._text_ids(text)
-    h, _ = model._hidden(text_ids, image[:, :-1])
+    text_ids = model.text_ids(text)
+    h, _ = model.hidden(text_ids, image[:, :-1])
     T = cfg.text_seq_len
     text_logits = model.to_text_logits(h[:, :T])
     image_logits = model.to_image_logits(h[:, T:])

@@ -32,24 +32,22 @@ VARIANTS = {  # name -> (OMP_WAIT_POLICY or None for OpenMP's default, one threa
 }
 
 
-def child(one_thread: bool, threads: int) -> None:
+def child(one_thread: bool, num_threads: int) -> None:
     import torch
 
     from backends import REFERENCE
+    from dalle_lab.generate import threads
     from dalle_lab.model import DALLE
-    from dalle_lab.model.decoding import Sampling, plain_decode
 
-    torch.set_num_threads(1 if one_thread else threads)
+    torch.set_num_threads(1 if one_thread else num_threads)
+    threads.SINGLE_THREAD_MAX_ROWS = 0  # decode_threads off: the variant is the thread count set here
     torch.manual_seed(0)
     model = DALLE(**REFERENCE).eval()
     text = torch.randint(1, 100, (4, REFERENCE["text_seq_len"]))
     times = []
     for rep in range(3):  # the first warms up
-        tokens = torch.zeros(4, REFERENCE["image_fmap_size"] ** 2, dtype=torch.long)
         wall, cpu = time.perf_counter(), time.process_time()
-        with torch.no_grad():
-            plain_decode(model, model._text_ids(text), tokens, torch.zeros(tokens.shape), 0, Sampling(top_k=10),
-                         torch.Generator().manual_seed(rep), single_thread=False)
+        model.generate_images(text, top_k=10, return_tokens=True, generator=torch.Generator().manual_seed(rep))
         times.append((time.perf_counter() - wall, time.process_time() - cpu))
     print("RESULT " + json.dumps(dict(wall_s=[w for w, _ in times[1:]], cpu_s=[c for _, c in times[1:]])))
 

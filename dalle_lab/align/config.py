@@ -8,13 +8,13 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, fields
 
-from dalle_lab.training.generation import SamplingSettings
+from dalle_lab.generate import GenerationConfig
 
 METHODS = ("policy_gradient", "reward_backprop", "best_of_n")
 TRAINABLE = ("all", "blocks")
 CREDITS = ("uniform", "content")  # token_credit: see dalle_lab.align.credit
 DEFAULT_EPOCHS = 20  # epochs of a run given neither --epochs nor --time_budget_s
-_GENERATE = SamplingSettings()  # generate.py's sampling: the RL sampler and the in-run evaluation default to it
+_GENERATE = GenerationConfig()  # generate.py's sampling: the RL sampler and the in-run evaluation default to it
 
 
 @dataclass
@@ -51,7 +51,7 @@ class AlignConfig:
 
     # sampling: the policy the update optimises is exactly this distribution, so the same settings record the
     # log-probs while sampling and recompute them during the update
-    # (defaults: generate.py's SamplingSettings, so RL optimises the distribution users sample from)
+    # (defaults: generate.py's GenerationConfig, so RL optimises the distribution users sample from)
     temperature: float = _GENERATE.temperature
     top_k: int | None = _GENERATE.top_k  # keep the k most likely image tokens (counted over the image vocabulary only)
     top_p: float | None = _GENERATE.top_p  # nucleus sampling
@@ -147,8 +147,12 @@ class AlignConfig:
         return {"temperature": self.temperature, "top_k": self.top_k, "top_p": self.top_p,
                 "cond_scale": self.cond_scale}
 
-    def eval_sampling(self) -> SamplingSettings:
-        return SamplingSettings(top_k=self.eval_top_k, top_p=None, temperature=self.eval_temperature,
+    def generation(self) -> GenerationConfig:
+        """How the RL sampler generates: exactly the distribution the update recomputes."""
+        return GenerationConfig(**self.sampling_kwargs())
+
+    def eval_sampling(self) -> GenerationConfig:
+        return GenerationConfig(top_k=self.eval_top_k, top_p=None, temperature=self.eval_temperature,
                                 cond_scale=self.eval_cond_scale)
 
     @property

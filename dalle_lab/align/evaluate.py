@@ -10,6 +10,7 @@ import torch
 
 from dalle_lab.align.config import AlignConfig
 from dalle_lab.align.policy_gradient import policy_logprobs, token_kl
+from dalle_lab.generate import generate
 from dalle_lab.vae.images import decode_images
 
 
@@ -23,8 +24,7 @@ def sample_images(dalle, tokenizer, prompts: Sequence[str], config: AlignConfig,
         for start in range(0, len(prompts), batch_size):
             text = tokenizer.tokenize(list(prompts[start:start + batch_size]), dalle.config.text_seq_len)
             text = text.to(next(dalle.parameters()).device)
-            batch_tokens, _ = dalle.generate_images(text, return_tokens=True, return_logprobs=True,
-                                                    **config.sampling_kwargs())
+            batch_tokens, _ = generate(dalle, text, config.generation())
             images.append(decode_images(dalle.vae, batch_tokens).cpu())
             tokens.append(batch_tokens)
             texts.append(text)

@@ -24,6 +24,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
+from dalle_lab.generate import generate
 from dalle_lab.vae.images import decode_images
 
 EVAL_SEED = 4321  # sampling seed of the evaluations (kept apart from the run's seed: same captions, same noise)
@@ -113,8 +114,7 @@ class RunEvaluator:
         tokens, texts = [], []
         for start in range(0, len(prompts), trainer.config.sample_batch_size):
             text = trainer.tokenize(prompts[start:start + trainer.config.sample_batch_size])
-            tokens.append(dalle.generate_images(text, top_k=s.top_k, top_p=s.top_p, temperature=s.temperature,
-                                                cond_scale=s.cond_scale, return_tokens=True, generator=generator))
+            tokens.append(generate(dalle, text, s, generator=generator)[0])
             texts.append(text)
         tokens, text = torch.cat(tokens), torch.cat(texts)
         return text, tokens, decode_images(dalle.vae, tokens).float().cpu()

@@ -1,8 +1,8 @@
 """The policy's log-probabilities, exactly the sampler's.
 
 The policy that fine-tuning optimises is the distribution the sampler draws from: guidance, temperature and the
-top-k / top-p filter applied (`dalle_lab.sampling.sampling_distribution`, the one definition). Two things make a
-recomputation during the update differ from what the sampler recorded, and both are handled here:
+top-k / top-p filter applied (`dalle_lab.generate.sampling.sampling_distribution`, the one definition). Two things
+make a recomputation during the update differ from what the sampler recorded, and both are handled here:
 
 - numerics: the sampler runs one cached step at a time, the update one teacher-forced pass. The model gives the same
   logits on both paths (float32: to float32 rounding; CPU bfloat16 autocast: bit for bit, one attention kernel), so
@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from dalle_lab import sampling
+from dalle_lab.generate import generate, sampling
 
 
 def uses_filter(config) -> bool:
@@ -55,7 +55,6 @@ def sample_with_support(dalle, text, config, generator: torch.Generator | None =
     else the packed (B, N, ceil(V / 8)) mask of the tokens the sampler kept at each position, computed from the very
     logits it sampled from.
     """
-    kwargs = config.sampling_kwargs()
     support = None
     callback = None
     if uses_filter(config):
@@ -69,8 +68,7 @@ def sample_with_support(dalle, text, config, generator: torch.Generator | None =
                                                           top_k, config.top_p)
             support[:, position] = pack_mask(torch.isfinite(distribution))
 
-    tokens, logprobs = dalle.generate_images(text, return_tokens=True, return_logprobs=True, generator=generator,
-                                             logits_callback=callback, **kwargs)
+    tokens, logprobs = generate(dalle, text, config.generation(), generator=generator, logits_callback=callback)
     return tokens, logprobs, support
 
 

@@ -4,7 +4,7 @@ The policy is the DALLE transformer; an action is one sampled image token; a tra
 sequence; the reward arrives once, after decoding. Per epoch:
 
 1. for each prompt sample a group of images, recording each token's log-probability under the exact distribution
-   that sampled it (temperature, top-k / top-p and guidance applied: dalle_lab.sampling is the one place that
+   that sampled it (temperature, top-k / top-p and guidance applied: dalle_lab.generate.sampling is the one place that
    defines that distribution, and both the sampler and `policy_logprobs` below go through it);
 2. score the images (in a background thread, overlapping with sampling the next batch) and turn rewards into
    advantages normalised per prompt (DDPO's tracker or GRPO's groups), clipped;

@@ -13,10 +13,10 @@ import argparse
 import sys
 from pathlib import Path
 
+from dalle_lab.generate import STRATEGIES, GenerationConfig
 from dalle_lab.training.dallepytorch_flags import FlagError, add_generate_flags, apply_generate_flags, parse_top_k
-from dalle_lab.training.generation import SamplingSettings
 
-DEFAULTS = SamplingSettings()
+DEFAULTS = GenerationConfig()
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -39,14 +39,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="auto", help="auto|cpu|cuda (default: auto)")
     p.add_argument("--truncate_captions", action="store_true",
                    help="cut captions longer than the model's text_seq_len instead of failing")
-    p.add_argument("--speculative", action=argparse.BooleanOptionalAction, default=None,
-                   help="lossless speculative decoding: the same image distribution from fewer transformer passes "
-                        "(default: wherever it was measured faster, see docs/performance.md)")
-    p.add_argument("--compile", action="store_true",
-                   help="decode through one Inductor-compiled step (CPU, float32): the same images up to float "
-                        "rounding, faster per batch "
-                        "after a compile of about a minute the first time (about 20 s later, from Inductor's disk "
-                        "cache); pays off from about 50 batches (docs/performance.md)")
+    p.add_argument("--strategy", choices=STRATEGIES, default=DEFAULTS.strategy,
+                   help="how the decode passes run, the same images for a seed whichever runs (speculative: the same "
+                        "distribution, other images): auto picks the fastest exact one; compiled costs a compile at "
+                        "the first batch (docs/model.md, 'Generation'; docs/performance.md) (default: auto)")
     p.add_argument("--attention_maps", action="store_true",
                    help="also save attention maps: where each image cell looked in the caption "
                         "(<outputs_dir>/<caption>/attention/)")
@@ -81,11 +77,11 @@ def main(argv=None) -> int:
 
     import torch
 
-    from dalle_lab.sampling import resolve_top_k
-    from dalle_lab.training.captions import warn_unknown_words
     from dalle_lab.convert import ConversionError, load_dalle
+    from dalle_lab.generate.folders import complete_captions, generate_to_folder
+    from dalle_lab.generate.sampling import resolve_top_k
+    from dalle_lab.training.captions import warn_unknown_words
     from dalle_lab.training.checkpoint import CheckpointError
-    from dalle_lab.training.generation import complete_captions, generate_to_folder
     from dalle_lab.utils import pick_device
 
     top_k, filter_thres = args.top_k
@@ -97,25 +93,22 @@ def main(argv=None) -> int:
                                            hug=args.hug, openai_paths=openai)
         if filter_thres is not None:  # DALLE-pytorch's threshold, counted over the image vocabulary
             top_k = resolve_top_k(None, filter_thres, dalle.config.num_image_tokens)
-        args.top_k = top_k  # a count from here on (the attention maps use it too)
-        settings = SamplingSettings(top_k=top_k, top_p=args.top_p, temperature=args.temperature,
-                                    cond_scale=args.cond_scale)
+        config = GenerationConfig(top_k=top_k, top_p=args.top_p, temperature=args.temperature,
+                                  cond_scale=args.cond_scale, strategy=args.strategy)
         warn_unknown_words(tokenizer, captions, "generate.py")  # named, then generated all the same
         if args.gentxt:
-            completed = complete_captions(dalle, tokenizer, captions, settings, args.seed, args.truncate_captions,
+            completed = complete_captions(dalle, tokenizer, captions, config, args.seed, args.truncate_captions,
                                           filter_thres=filter_thres)
             for given, caption in zip(captions, completed):
                 print(f"completed caption: {given!r} -> {caption!r}")
             captions = completed
             args.truncate_captions = True  # re-tokenized as typed: a BPE may spell the decoded text a token longer
-        dalle.speculative_default = args.speculative  # every generate_images call below follows them
-        dalle.compile_default = args.compile
         with torch.inference_mode():
             records = generate_to_folder(dalle, vae, tokenizer, captions, args.outputs_dir, args.num_images,
-                                         args.batch_size, settings, args.seed, checkpoint=str(args.dalle_path),
+                                         args.batch_size, config, args.seed, checkpoint=str(args.dalle_path),
                                          truncate=args.truncate_captions)
             if args.attention_maps:
-                _attention_maps(dalle, tokenizer, vae, captions, args)
+                _attention_maps(dalle, tokenizer, vae, captions, config, args)
     except (CheckpointError, ConversionError, ValueError, FileNotFoundError) as err:
         print(f"generate.py: error: {err}", file=sys.stderr)
         return 1
@@ -124,21 +117,20 @@ def main(argv=None) -> int:
     return 0
 
 
-def _attention_maps(dalle, tokenizer, vae, captions, args) -> None:
+def _attention_maps(dalle, tokenizer, vae, captions, config, args) -> None:
     """For each caption, sample one more image (seeded) and draw where its image cells looked in the caption:
     <outputs_dir>/<caption>/attention/*.png (the decoded image is drawn beside the heatmaps)."""
     import torch
 
-    from dalle_lab.training.generation import caption_dirname
+    from dalle_lab.generate import generate
+    from dalle_lab.generate.folders import caption_dirname
     from dalle_lab.viz.attention import save_attention_maps
 
     for c, caption in enumerate(captions):
         text = tokenizer.tokenize([caption], dalle.config.text_seq_len, truncate_text=args.truncate_captions)
         text = text.to(next(dalle.parameters()).device)
         generator = torch.Generator(device=text.device).manual_seed(args.seed + c)
-        tokens = dalle.generate_images(text, top_k=args.top_k, top_p=args.top_p,
-                                       temperature=args.temperature, cond_scale=args.cond_scale, return_tokens=True,
-                                       generator=generator)
+        tokens, _ = generate(dalle, text, config, generator=generator)
         labels = [tokenizer.decode([i]) for i in text[0].tolist() if i != 0]
         paths = save_attention_maps(dalle, text, tokens, labels,
                                     Path(args.outputs_dir) / caption_dirname(caption) / "attention")

@@ -84,12 +84,13 @@ def heldout_losses(model, vae, tokenizer, split: str, n: int, seed: int = 0, bat
 def generation_scores(model, vae, tokenizer, captions, settings: EvalSettings) -> tuple[dict, torch.Tensor]:
     """Generate one image per caption and score it with the Shapes checker -> (evaluate()'s dict, images)."""
     from dalle_lab.data.shapes import evaluate
-    from dalle_lab.training.generation import SamplingSettings, sample_images
+    from dalle_lab.generate import GenerationConfig
+    from dalle_lab.generate.folders import sample_images
 
     was_training = model.training
     model.eval()
     try:
-        sampling = SamplingSettings(top_k=settings.top_k, temperature=settings.temperature,
+        sampling = GenerationConfig(top_k=settings.top_k, temperature=settings.temperature,
                                     cond_scale=settings.cond_scale)
         images = sample_images(model, vae, tokenizer, captions, sampling, seed=settings.seed,
                                batch_size=settings.batch_size)

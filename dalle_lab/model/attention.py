@@ -1,4 +1,8 @@
-"""Causal multi-head self-attention with a preallocated key/value cache and CogView's PB-relax.
+"""Causal multi-head self-attention over a key/value cache, with CogView's PB-relax.
+
+The cache is generation's (dalle_lab/generate/cache.py): any object with `write(start, kv)` (every row at the same
+positions; returns the keys/values written so far) and `scatter(positions, kv)` (each row at its own positions;
+returns the whole buffers, masked by the caller with `position_mask`).
 
 Three code paths compute the same function:
 - the default calls torch.nn.functional.scaled_dot_product_attention (SDPA), which picks a fused kernel;
@@ -23,60 +27,6 @@ from .positional import apply_rotary
 PB_RELAX_ALPHA = 32.0
 
 
-class KVCache:
-    """Keys and values of one attention layer, preallocated for the whole generation.
-
-    One buffer (2, B, heads, max_len, dim_head) holds keys and values, so writing a step is a single in-place copy
-    (no torch.cat of a growing tensor: generation stays linear in sequence length); attention reads the prefix
-    `[:, :end]` as views. The cache holds no position counter: the caller passes the start position of the tokens it
-    feeds (one counter for all layers).
-    """
-
-    def __init__(self, max_len: int):
-        self.max_len = max_len
-        self.buffer = None
-        self.side = {}  # the layer's other per-sequence state (token-shift history, positional.ShiftHistory)
-
-    def update(self, start: int, kv: torch.Tensor):
-        """kv: (2, B, heads, n, dim_head) for positions start..start+n-1 -> (keys, values) for positions 0..end-1."""
-        end = start + kv.shape[3]
-        if end > self.max_len:
-            raise ValueError(f"KV cache overflow: writing positions {start}..{end - 1} into a cache of {self.max_len}")
-        if self.buffer is None:
-            # Allocated at the first write so the buffer takes the dtype the layer actually produces
-            # (bfloat16 under autocast, float32 otherwise) and SDPA sees matching dtypes.
-            two, b, h, _, d = kv.shape
-            self.buffer = kv.new_empty(two, b, h, self.max_len, d)
-        self.buffer[:, :, :, start:end] = kv
-        prefix = self.buffer[:, :, :, :end]
-        return prefix[0], prefix[1]
-
-
-class StaticKVCache:
-    """A fixed-shape cache: every row writes its keys/values at its own positions, attention reads a fixed-length
-    window `[:kv_len]` and a position mask hides what a query may not see (later positions, stale drafts).
-
-    Shapes never change from step to step, which is what CUDA graphs need, and rows may be at different positions
-    (speculative decoding advances each row by as many tokens as it accepted). Stale entries past a row's position
-    (rejected drafts) are simply overwritten later and masked until then.
-    """
-
-    def __init__(self, max_len: int):
-        self.max_len = max_len
-        self.buffer = None
-        self.side = {}  # the layer's other per-sequence state (token-shift history, positional.ShiftHistory)
-
-    def update(self, positions: torch.Tensor, kv: torch.Tensor):
-        """positions (B, n) sequence positions of kv (2, B, heads, n, dim_head) -> full (keys, values) buffers."""
-        two, b, h, n, d = kv.shape
-        if self.buffer is None:  # allocated at the first write, in the dtype the layer produces (bf16 under autocast)
-            # zeros, not empty: masked slots are multiplied by weight 0, and 0 * NaN garbage would still be NaN
-            self.buffer = kv.new_zeros(two, b, h, self.max_len, d)
-        index = positions.view(1, b, 1, n, 1).expand(two, b, h, n, d)
-        self.buffer.scatter_(3, index, kv.to(self.buffer.dtype))
-        return self.buffer[0], self.buffer[1]
-
-
 def position_mask(positions: torch.Tensor, kv_len: int) -> torch.Tensor:
     """Boolean (B, 1, n, kv_len) mask, True where the query at positions[b, i] may attend to key slot j (j <= it)."""
     keys = torch.arange(kv_len, device=positions.device)
@@ -97,17 +47,18 @@ class Attention(nn.Module):
         self.to_out = Linear(inner, dim)
         self.out_dropout = nn.Dropout(dropout)
 
-    def forward(self, x: torch.Tensor, cache: KVCache | StaticKVCache | None = None, start: int = 0,
+    def forward(self, x: torch.Tensor, cache=None, start: int = 0,
                 return_attention: bool = False, positions: torch.Tensor | None = None,
                 mask: torch.Tensor | None = None, rotary: tuple[torch.Tensor, torch.Tensor] | None = None):
         """x: (B, L, dim) holding sequence positions start..start+L-1.
 
         With a cache, the new keys/values are written at those positions and the queries attend to everything
         cached so far. Returns the output (B, L, dim) and, if return_attention, the weights (B, heads, L, start+L).
-        With a StaticKVCache, positions (B, L) says where each row's tokens sit and mask (see position_mask) which
-        key slots each query sees; `start` is unused. Without one, mask (L, start+L) (a sparse attention type,
-        masks.py) replaces the causal mask. rotary: (cos, sin) of the L positions (positional.py), applied to
-        queries and keys (and values, with rotate_values) before they are cached.
+        With positions (B, L) (each row's tokens at their own positions), the cache is written by scatter and mask
+        (see position_mask) says which key slots each query sees; `start` is unused. Without positions, mask
+        (L, start+L) (a sparse attention type, masks.py) replaces the causal mask. rotary: (cos, sin) of the L
+        positions (positional.py), applied to queries and keys (and values, with rotate_values) before they are
+        cached.
         """
         b, n, _ = x.shape
         qkv = self.to_qkv(x).view(b, n, 3, self.heads, self.dim_head).permute(2, 0, 3, 1, 4)  # (3, B, H, n, d)
@@ -117,8 +68,8 @@ class Attention(nn.Module):
             v = apply_rotary(qkv[2], *rotary) if self.rotate_values else qkv[2]
             kv = torch.stack([apply_rotary(qkv[1], *rotary), v])
         explicit = return_attention or (self.stable and _needs_explicit_pb_relax(q))
-        if isinstance(cache, StaticKVCache):
-            k, v = cache.update(positions, kv)
+        if positions is not None:
+            k, v = cache.scatter(positions, kv)
             kv_len = mask.shape[-1]
             k, v = k[:, :, :kv_len], v[:, :, :kv_len]
             if explicit:
@@ -128,7 +79,7 @@ class Attention(nn.Module):
             out = self.to_out(out.transpose(1, 2).reshape(b, n, self.heads * self.dim_head))
             return out, weights
         if cache is not None:
-            k, v = cache.update(start, kv)
+            k, v = cache.write(start, kv)
         elif start != 0:
             raise ValueError("start > 0 needs a KV cache holding the earlier positions")
         else:

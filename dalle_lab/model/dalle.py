@@ -27,12 +27,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..sampling import resolve_top_k
+from ..generate import DEFAULT_WINDOW, GenerationConfig, generate
+from ..generate.text import generate_texts
 from ..vae.images import decode_images
+from . import fused_step as fused
 from .config import DALLEConfig
-from .decoding import Sampling, plain_decode
-from .linear import Linear
-from .speculative import DEFAULT_WINDOW, speculative_by_default, speculative_decode
+from .linear import Linear, packed_linears
 from .transformer import Transformer
 
 # DALLE-pytorch primes with the top 14 of 32 rows when no count is given; same fraction here.
@@ -57,9 +57,6 @@ class DALLE(nn.Module):
     weights are not in `state_dict()` or `parameters()` (checkpoints record its identity instead); moving the
     model to a device moves it too, dtype changes (.half(), .bfloat16()) leave it alone.
     """
-
-    speculative_default: bool | None = None  # generate_images' `speculative` when not given (None: automatic)
-    compile_default: bool = False  # generate_images' `compile` when not given
 
     def __init__(self, *, vae=None, config: DALLEConfig | None = None, **fields):
         super().__init__()
@@ -128,7 +125,7 @@ class DALLE(nn.Module):
 
     # ----- inputs -------------------------------------------------------------------------------------------
 
-    def _check_text(self, text: torch.Tensor) -> torch.Tensor:
+    def check_text(self, text: torch.Tensor) -> torch.Tensor:
         cfg = self.config
         if text.dim() != 2 or text.shape[1] != cfg.text_seq_len:
             raise ValueError(f"text must be (batch, text_seq_len={cfg.text_seq_len}) token ids, got shape "
@@ -159,11 +156,15 @@ class DALLE(nn.Module):
                              f"[{int(image.min())}, {int(image.max())}]: wrong image tokenizer?")
         return image.long()
 
-    def _text_ids(self, text: torch.Tensor) -> torch.Tensor:
+    # The pieces below are the interface generation uses (dalle_lab/generate): the prompt as the network reads it,
+    # the embeddings of a prefix or of image tokens at any grid cells, the transformer over a KV cache
+    # (`self.transformer(x, caches=..., start=...)` or `positions=...`), and the final normalisation before a head.
+
+    def text_ids(self, text: torch.Tensor) -> torch.Tensor:
         """Raw text (0 = pad) -> ids with position-specific pad ids."""
         return torch.where(text == 0, self.text_pad_ids, text)
 
-    def _image_pos(self) -> torch.Tensor:
+    def image_positions(self) -> torch.Tensor:
         """(N, dim) position embedding of each image-grid cell, row-major: row vector + column vector (zeros where
         positions are not learned)."""
         if not self.config.learned_positions:
@@ -171,7 +172,7 @@ class DALLE(nn.Module):
             return weight.new_zeros(self.config.image_seq_len, weight.shape[1])
         return self.image_row_emb(self.image_rows) + self.image_col_emb(self.image_cols)
 
-    def _embed(self, text_ids: torch.Tensor, image_tokens: torch.Tensor | None) -> torch.Tensor:
+    def embed(self, text_ids: torch.Tensor, image_tokens: torch.Tensor | None = None) -> torch.Tensor:
         """[BOS] + text ids (remapped) + the given image tokens (fed as they are) -> (B, 1 + T + n, dim)."""
         bos_text = F.pad(text_ids, (1, 0), value=0)
         x = self.text_emb(bos_text)
@@ -180,14 +181,29 @@ class DALLE(nn.Module):
         if image_tokens is not None and image_tokens.shape[1] > 0:
             n = image_tokens.shape[1]
             image = self.image_emb(image_tokens)
-            x = torch.cat([x, image + self._image_pos()[:n] if self.config.learned_positions else image], dim=1)
+            x = torch.cat([x, image + self.image_positions()[:n] if self.config.learned_positions else image], dim=1)
+        return self._shrink_embedding_gradient(x)
+
+    def embed_image(self, tokens: torch.Tensor, index: torch.Tensor | int, cells: torch.Tensor | None = None):
+        """Image tokens (B, n) at grid cells index (B, n), or all at the one cell `index` (an int) -> (B, n, dim).
+        cells: image_positions(), for a caller that embeds many steps (computed once). Indices past the grid (a
+        speculative window's slack) take the last cell's position: their outputs are never used."""
+        x = self.image_emb(tokens)
+        if self.config.learned_positions:
+            cells = self.image_positions() if cells is None else cells
+            last = self.config.image_seq_len - 1
+            x = x + (cells[min(index, last)] if isinstance(index, int) else cells[index.clamp(max=last)])
+        return self._shrink_embedding_gradient(x)
+
+    def _shrink_embedding_gradient(self, x: torch.Tensor) -> torch.Tensor:
         if self.config.stable and self.config.stable_style == "dallepytorch":
             # DALLE-pytorch's stable: the same values, a tenth of the gradient into the embeddings (its own
             # arithmetic, so the rounding matches too)
             x = x * _DP_EMBED_GRAD_SHRINK + x.detach() * (1 - _DP_EMBED_GRAD_SHRINK)
         return x
 
-    def _final(self, h: torch.Tensor) -> torch.Tensor:
+    def final(self, h: torch.Tensor) -> torch.Tensor:
+        """The transformer's output -> the normalised hidden state the two heads read."""
         if self.config.stable and self.config.stable_style == "dallepytorch":
             # DALLE-pytorch's DivideMax: by the signed maximum (a row whose features are all negative flips sign)
             return self.final_norm(h / h.amax(dim=-1, keepdim=True).detach())
@@ -197,10 +213,30 @@ class DALLE(nn.Module):
             h = h / h.abs().amax(dim=-1, keepdim=True).detach().clamp_min(torch.finfo(h.dtype).tiny)
         return self.final_norm(h)
 
-    def _hidden(self, text_ids, image_tokens, return_attention=False):
-        x = self._embed(text_ids, image_tokens)
+    def hidden(self, text_ids, image_tokens, return_attention=False):
+        """The normalised hidden states of one full pass over BOS + text + image tokens (no cache)."""
+        x = self.embed(text_ids, image_tokens)
         h, attentions = self.transformer(x, return_attention=return_attention)
-        return self._final(h), attentions
+        return self.final(h), attentions
+
+    def packed_weights(self, rows: int):
+        """A context in which every product of the network multiplies `rows`-row inputs with weights packed once
+        (linear.packed_linears): for cached decoding, whose passes multiply a few rows at a time."""
+        return packed_linears(self, rows)
+
+    def why_not_fused(self) -> str | None:
+        """Why the fused one-token step cannot run this model now (sparse attention types, training mode, bf16), or
+        None where it can."""
+        return fused.why_not_fused(self)
+
+    def fused_step(self, caches, rows: int) -> fused.FusedStep:
+        """The one-token step over `caches` (after the prefill wrote them) in few ops: fused_step.py."""
+        return fused.FusedStep(self, caches, rows)
+
+    def decode_step(self, x: torch.Tensor, pos: torch.Tensor, io: fused.StepIO) -> torch.Tensor:
+        """The fused step's function with fixed shapes for TorchInductor (dalle_lab/generate/compiled.py): pos a 0-d
+        tensor, products through F.linear on the modules' own weights (which Inductor freezes); io: a FusedStep's."""
+        return fused.step(fused.plan(self, _module_product), x, pos, io)
 
     # ----- training -----------------------------------------------------------------------------------------
 
@@ -221,7 +257,7 @@ class DALLE(nn.Module):
         target would then be the pad sequence rather than a caption.
         """
         cfg = self.config
-        text = self._check_text(text)
+        text = self.check_text(text)
         image = self.image_tokens(image)
         if image.shape != (text.shape[0], cfg.image_seq_len):
             raise ValueError(f"image tokens must be (batch={text.shape[0]}, image_seq_len={cfg.image_seq_len}), got "
@@ -233,8 +269,8 @@ class DALLE(nn.Module):
             keep_caption = torch.rand(text.shape[0], device=text.device) >= null_cond_prob
             text = text * keep_caption[:, None]  # a new tensor: the caller's text is never modified
 
-        text_ids = self._text_ids(text)
-        h, _ = self._hidden(text_ids, image[:, :-1])
+        text_ids = self.text_ids(text)
+        h, _ = self.hidden(text_ids, image[:, :-1])
         T = cfg.text_seq_len
         text_logits = self.to_text_logits(h[:, :T])
         image_logits = self.to_image_logits(h[:, T:])
@@ -267,9 +303,9 @@ class DALLE(nn.Module):
 
         No caption dropout here, in any mode: these are exactly the logits generation samples from.
         """
-        text_ids = self._text_ids(self._check_text(text))
+        text_ids = self.text_ids(self.check_text(text))
         image_tokens = self.image_tokens(image_tokens)
-        h, _ = self._hidden(text_ids, image_tokens[:, :-1])
+        h, _ = self.hidden(text_ids, image_tokens[:, :-1])
         return self.to_image_logits(h[:, self.config.text_seq_len:])
 
     def null_text(self, text: torch.Tensor) -> torch.Tensor:
@@ -284,20 +320,18 @@ class DALLE(nn.Module):
         model looked when it chose grid cell j. Column 0 is BOS, column 1 + t text token t. Uses the explicit
         attention path.
         """
-        text_ids = self._text_ids(self._check_text(text))
+        text_ids = self.text_ids(self.check_text(text))
         image_tokens = self.image_tokens(image_tokens)
-        _, attentions = self._hidden(text_ids, image_tokens[:, :-1], return_attention=True)
+        _, attentions = self.hidden(text_ids, image_tokens[:, :-1], return_attention=True)
         T = self.config.text_seq_len
         return torch.stack([a[:, :, T:, : T + 1] for a in attentions])
 
-    # ----- generation ---------------------------------------------------------------------------------------
+    # ----- generation: DALLE-pytorch's call, over dalle_lab.generate -----------------------------------------
 
     def generate_texts(self, tokenizer, text: str | None = None, *, filter_thres: float = 0.5,
                        temperature: float = 1.0, generator: torch.Generator | None = None):
         """DALLE-pytorch's call: continue the caption `text` (None or "": from nothing) with the text head ->
-        (text tokens (1, text_seq_len), [the caption]). model/text_sampling.py has the batched form."""
-        from .text_sampling import generate_texts
-
+        (text tokens (1, text_seq_len), [the caption]). dalle_lab/generate/text.py has the batched form."""
         prompt = tokenizer.tokenize([text or ""], self.config.text_seq_len, truncate_text=True)
         device = self.text_emb.weight.device
         tokens = generate_texts(self, prompt.to(device), filter_thres=filter_thres, temperature=temperature,
@@ -305,83 +339,58 @@ class DALLE(nn.Module):
         return tokens, [tokenizer.decode(row) for row in tokens]
 
     @torch.no_grad()
-    def generate_images(self, text: torch.Tensor, *, top_k: int | None = None, filter_thres: float | None = None,
+    def generate_images(self, text: torch.Tensor, *, filter_thres: float | None = None, top_k: int | None = None,
                         top_p: float | None = None, temperature: float = 1.0, cond_scale: float = 1.0,
                         img: torch.Tensor | None = None, num_init_img_tokens: int | None = None,
                         use_cache: bool = True, return_tokens: bool = False, return_logprobs: bool = False,
-                        generator: torch.Generator | None = None, speculative: bool | None = None,
-                        speculative_window: int = DEFAULT_WINDOW, cuda_graph: bool = False,
-                        compile: bool | None = None,
+                        generator: torch.Generator | None = None, strategy: str = "auto",
+                        speculative_window: int = DEFAULT_WINDOW,
                         logits_callback: Callable[[int, torch.Tensor, torch.Tensor | None], None] | None = None):
-        """Sample image tokens for each caption in text (B, text_seq_len) and decode them with the vae.
+        """Sample image tokens for each caption in text (B, text_seq_len) and decode them with the vae:
+        `dalle_lab.generate.generate` with DALLE-pytorch's keywords and defaults (docs/model.md, "Generation").
 
-        top_k / filter_thres (keep the top 1 - filter_thres fraction) and top_p act on the image vocabulary only;
-        temperature > 0 (top_k=1 is greedy). cond_scale != 1 runs classifier-free guidance: the caption and the
-        all-pad text go through the model side by side, each with its own KV cache rows; the text tensor given is
-        never modified. img primes generation with the top of an image: pixels (B, 3, H, W) (needs the vae) or token
-        ids (B, >= num_init_img_tokens); num_init_img_tokens defaults to 14/32 of the grid (whole rows count
-        fmap_size tokens each). generator: a torch.Generator for reproducible sampling.
+        filter_thres (keep the top 1 - filter_thres fraction) or top_k, top_p and temperature act on the image
+        vocabulary; cond_scale != 1 runs classifier-free guidance. img primes generation with the top of an image:
+        pixels (B, 3, H, W) (needs the vae) or token ids (B, >= num_init_img_tokens); num_init_img_tokens defaults
+        to 14/32 of the grid. use_cache=False reruns the whole prefix every pass (strategy "uncached"). strategy:
+        how the passes run (GenerationConfig's STRATEGIES; "auto" picks the fastest exact one).
         logits_callback(position, logits_cond, logits_uncond_or_None) is called before each token is sampled.
-        speculative: lossless speculative Jacobi decoding (dalle_lab/model/speculative.py): the same distribution of
-        images from fewer transformer passes, speculative_window drafts per pass; None (default) picks the faster
-        exact path (the model's `speculative_default` attribute when set, else speculative_by_default; plain where
-        use_cache=False or a logits_callback is given); the tokens then differ from plain decoding's for the same
-        seed, their distribution does not. cuda_graph: replay each decode pass as a CUDA graph over a static KV cache
-        (dalle_lab/model/graphs.py; on the CPU the same fixed-shape arithmetic, uncaptured). compile: plain cached
-        decoding through one Inductor-compiled step per pass (dalle_lab/model/compiled_step.py; CPU float32; costs
-        a compile of about a minute, about 20 s once Inductor's disk cache holds it; the same tokens up to float rounding); None (default)
-        follows the model's `compile_default` attribute (False).
 
         Returns images (B, 3, H, W) in [0, 1]; with return_tokens the (B, image_seq_len) token ids instead (no vae
-        needed); with return_logprobs a pair (images or tokens, logprobs (B, image_seq_len) float32) where logprobs
-        holds the log-probability of each sampled token under the final sampling distribution (after guidance,
-        temperature, top-k, top-p; see dalle_lab.sampling.sampling_distribution) and 0 at primed positions.
+        needed); with return_logprobs a pair (images or tokens, logprobs (B, image_seq_len) float32): the
+        log-probability of each sampled token under the final sampling distribution, 0 at primed positions.
         """
-        cfg = self.config
-        text = self._check_text(text)
-        batch, T, N = text.shape[0], cfg.text_seq_len, cfg.image_seq_len
         if not return_tokens and self.vae is None:
             raise ValueError("this DALLE has no vae to decode images: pass return_tokens=True or build DALLE(vae=...)")
-        k = resolve_top_k(top_k, filter_thres, cfg.num_image_tokens)
-        if temperature <= 0:
-            raise ValueError(f"temperature must be > 0, got {temperature}; for greedy decoding use top_k=1")
-
-        tokens = torch.zeros(batch, N, dtype=torch.long, device=text.device)
-        n_init = 0
-        if img is not None:
-            prime = self.image_tokens(img)
-            n_init = int(DEFAULT_PRIME_FRACTION * N) if num_init_img_tokens is None else num_init_img_tokens
-            if not 0 <= n_init < N or prime.shape[1] < n_init or prime.shape[0] != batch:
-                raise ValueError(f"priming needs 0 <= num_init_img_tokens ({n_init}) < image_seq_len ({N}) and img "
-                                 f"with batch {batch} and at least that many tokens (got {tuple(prime.shape)})")
-            tokens[:, :n_init] = prime[:, :n_init]
-        elif num_init_img_tokens:
-            raise ValueError("num_init_img_tokens needs img (pixels or token ids) to prime with")
-        logprobs = torch.zeros(batch, N, dtype=torch.float32, device=text.device)
-
-        sampling = Sampling(cond_scale, temperature, k, top_p)
-        if speculative is None:  # a default never refuses: it falls back to plain decoding where it cannot apply
-            default = self.speculative_default
-            default = speculative_by_default(self, batch) if default is None else default
-            speculative = default and use_cache and logits_callback is None
-        elif speculative and (not use_cache or logits_callback is not None):
-            raise ValueError("speculative=True needs use_cache=True and no logits_callback (it scores several "
-                             "positions per pass, not one at a time); pass speculative=False")
-        was_training = self.training
-        self.eval()
-        try:
-            if speculative:
-                speculative_decode(self, self._text_ids(text), tokens, logprobs, n_init, sampling, generator,
-                                   window=speculative_window, graphs=cuda_graph)
-            else:
-                plain_decode(self, self._text_ids(text), tokens, logprobs, n_init, sampling, generator,
-                             use_cache=use_cache, graphs=cuda_graph, logits_callback=logits_callback,
-                             compiled=self.compile_default if compile is None else compile)
-        finally:
-            self.train(was_training)
-
+        if not use_cache:
+            if strategy not in ("auto", "uncached"):
+                raise ValueError(f"use_cache=False reruns the prefix every pass; it cannot use strategy={strategy!r}")
+            strategy = "uncached"
+        config = GenerationConfig(top_k=top_k, filter_thres=filter_thres, top_p=top_p, temperature=temperature,
+                                  cond_scale=cond_scale, strategy=strategy, speculative_window=speculative_window)
+        tokens, logprobs = generate(self, text, config, prime=self._prime(text, img, num_init_img_tokens),
+                                    generator=generator, logits_callback=logits_callback)
         result = tokens if return_tokens else decode_images(self.vae, tokens)
         return (result, logprobs) if return_logprobs else result
+
+    def _prime(self, text: torch.Tensor, img: torch.Tensor | None, num_init_img_tokens: int | None):
+        """The image tokens generation keeps from img (B, n_init), or None: DALLE-pytorch's priming rule."""
+        if img is None:
+            if num_init_img_tokens:
+                raise ValueError("num_init_img_tokens needs img (pixels or token ids) to prime with")
+            return None
+        N = self.config.image_seq_len
+        prime = self.image_tokens(img)
+        n_init = int(DEFAULT_PRIME_FRACTION * N) if num_init_img_tokens is None else num_init_img_tokens
+        if not 0 <= n_init < N or prime.shape[1] < n_init or prime.shape[0] != text.shape[0]:
+            raise ValueError(f"priming needs 0 <= num_init_img_tokens ({n_init}) < image_seq_len ({N}) and img "
+                             f"with batch {text.shape[0]} and at least that many tokens (got {tuple(prime.shape)})")
+        return prime[:, :n_init]
+
+
+def _module_product(linear: nn.Linear):
+    """A product through the module's own weight (what TorchInductor sees and freezes), not an eager pack."""
+    return lambda x: F.linear(x, linear.weight, linear.bias)
 
 
 def _drop_dallepytorch_switches(fields: dict) -> None:

@@ -1,32 +1,37 @@
-"""A fused one-token decode step: every layer, the final norm and the image head, in the fewest torch ops.
+"""The one-token decode step in the fewest torch ops: every layer, the final norm and the image head.
 
-Why: at batch 4 a cached step through the modules is small arithmetic (about 37 MFLOP) behind about a hundred
-small ops and a Python module call per LayerNorm / Linear / Attention; on an AVX2 Zen 3 this step does the same
-work in about 0.8 of the module path's time with the same products (docs/performance.md, "Cached generation on an
-AVX2 Zen 3"). It computes the same function as `Transformer.forward` for one new token per row, all rows at the
-same position, over the growing KVCache:
-- weights gathered once per generation into plain tuples (no module dispatch in the hot loop); inside
-  linear.packed_linears they are laid out as linear.PRODUCT_KINDS says for few-row products (oneDNN-prepacked up
-  to 32 rows), as the module path would multiply them, otherwise used as F.linear uses them;
-- keys/values written by index into the KVCache buffers the prefill filled (preallocated to the full length);
-- attention by the same SDPA call the module path makes, so the logits match it to float rounding;
-- residual adds in place.
+Why: at batch 4 a cached step through the modules is small arithmetic (about 37 MFLOP at the reference config)
+behind about a hundred small ops and a Python module call per LayerNorm / Linear / Attention. `FusedStep` computes
+the same function as `Transformer.forward` for one new token per row, all rows at one sequence position, over the
+generation's KV caches (the prefill filled them through the modules):
+- the weights gathered once per generation; each product multiplies as `linear.FewRowProduct` lays its weight
+  out for the step's row count (the module path inside `packed_linears` multiplies the same way);
+- keys/values written by index into the caches' preallocated buffers; attention by the same SDPA call the module
+  path makes, so the logits match it to float rounding;
+- rotary embeddings from per-position tables made once per generation (the same rotation as
+  positional.apply_rotary, written as x * cos + swap(x) * sin, which rounds identically); token shift from the
+  history of normalised inputs the prefill wrote into each cache's `side` (positional.ShiftHistory).
 
-Supported: the default model, `stable` (float32: PB-relax is the plain attention function there, see
-attention._needs_explicit_pb_relax; the final-norm rescale is model._final's), `sandwich_norm`, `layer_scale`, shared attention /
-feed-forward ids, tied embeddings. Everything else keeps the module path (`fused_supported` says False): the sparse
-attention types (axial_row, axial_col, conv_like: per-layer masks), `rotary_emb`, `shift_tokens`, a model in
-training mode (dropout), weights that are not float32 or CPU bf16 autocast (the bf16 path has its own attention
-kernel and packed weights), and the static cache of speculative decoding and CUDA graphs.
+`step(plan, x, pos, io)` is one function for two callers: the eager FusedStep (pos an int: attention reads the
+written prefix) and the compiled strategy (dalle_lab/generate/compiled.py: pos a 0-d tensor, fixed shapes, a
+position mask over the whole buffer, products through F.linear on the modules' weights, which TorchInductor
+freezes and prepacks).
+
+Supported (`why_not_fused` says None): full attention in every layer, with any of `stable` (float32: PB-relax is the
+plain attention function there, see attention._needs_explicit_pb_relax), `sandwich_norm`, `layer_scale`, shared
+attention / feed-forward ids, tied embeddings, rotary embeddings (either rotary_style), token shift; in eval mode,
+float32 weights, no autocast. The sparse attention types (per-layer masks), dropout in training mode and bf16 keep
+the module path.
 """
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 import torch
 import torch.nn.functional as F
 
-from .linear import FewRowProduct as _Product
+from .linear import FewRowProduct
+from .positional import rotary_angles
 
 
 class _Norm(NamedTuple):
@@ -37,76 +42,184 @@ class _Norm(NamedTuple):
 
 class _Layer(NamedTuple):
     attn_norm: _Norm
-    qkv: _Product
-    attn_out: _Product
+    qkv: Callable
+    attn_out: Callable
     attn_out_norm: _Norm | None  # sandwich_norm only
     ff_norm: _Norm
-    ff_in: _Product
-    ff_out: _Product
+    ff_in: Callable
+    ff_out: Callable
     ff_out_norm: _Norm | None
     attn_scale: torch.Tensor | None  # layer_scale only
     ff_scale: torch.Tensor | None
 
 
-def fused_supported(model, x_dtype: torch.dtype = torch.float32) -> bool:
-    """Whether FusedStep computes this model's cached step (see the module docstring for what falls back)."""
-    t = model.transformer
-    weights_fp32 = all(p.dtype == torch.float32 for p in model.parameters())
-    autocast = torch.is_autocast_enabled(model.final_norm.weight.device.type)
-    return (not model.training and not t.extras and weights_fp32 and x_dtype == torch.float32 and not autocast)
+class Plan(NamedTuple):
+    """What one step multiplies with, and the sequence geometry it needs."""
+    layers: list[_Layer]
+    final: Callable  # the model's final normalisation (PB-relax rescale included)
+    head: Callable  # the image-logits product
+    heads: int
+    dim_head: int
+    text_len: int  # BOS + text: image token i sits at sequence position text_len + i
+    fmap: int
+    shift: bool
+    rotate_values: bool  # DALLE-pytorch's rotary (rotary_style "dallepytorch") rotates the values too
+
+
+class StepIO(NamedTuple):
+    """The per-generation tensors a step reads and writes: one KV buffer (2, rows, heads, max_len, d) per layer,
+    the token-shift histories (rows, max_len, dim) of each layer's two branches (token shift only), and the rotary
+    tables (max_len, dim_head) (rotary only)."""
+    buffers: list[torch.Tensor]
+    histories: list[tuple[torch.Tensor, torch.Tensor]] | None
+    cos: torch.Tensor | None
+    sin: torch.Tensor | None
+
+
+def why_not_fused(model) -> str | None:
+    """Why `step` cannot compute this model's cached one-token step right now, or None where it can."""
+    if model.transformer.masks.sparse:
+        return f"sparse attention types {model.config.attn_types} need a mask per layer"
+    if model.training:
+        return "the model is in training mode (dropout)"
+    if any(p.dtype != torch.float32 for p in model.parameters()):
+        return "its weights are not float32"
+    if torch.is_autocast_enabled(model.final_norm.weight.device.type):
+        return "autocast is on (bf16 decoding runs its own attention kernel and packed weights)"
+    return None
 
 
 def _norm(module) -> _Norm:
-    return _Norm(module.weight.detach(), module.bias.detach(), module.eps)
+    return _Norm(module.weight, module.bias, module.eps)
 
 
-def _detached(parameter):
-    return None if parameter is None else parameter.detach()
+def plan(model, product: Callable) -> Plan:
+    """The model's step plan; product(linear) -> the callable that multiplies by that Linear."""
+    t = model.transformer
+    layers = [_Layer(_norm(b.attn_norm), product(b.attn.to_qkv), product(b.attn.to_out),
+                     _norm(b.attn_out_norm) if b.sandwich_norm else None, _norm(b.ff_norm),
+                     product(b.ff.proj_in), product(b.ff.proj_out), _norm(b.ff_out_norm) if b.sandwich_norm else None,
+                     b.attn_scale, b.ff_scale)
+              for b in t.layers]
+    return Plan(layers, model.final, product(model.to_image_logits), t.heads, t.dim_head, t.text_len, t.fmap,
+                t.shift_tokens, t.layers[0].attn.rotate_values)
 
 
-def _product(linear, rows: int) -> _Product:
-    """The Linear's product for `rows` rows: packed as packed_linears packed it, or in F.linear's layout."""
-    return _Product(linear, rows, kind=None if getattr(linear, "packed", None) is not None else "linear")
+def rotary_tables(model, max_len: int, device) -> tuple[torch.Tensor, torch.Tensor] | tuple[None, None]:
+    """(cos, sin), each (max_len, dim_head), such that rotating x at position p is x * cos[p] + swap(x) * sin[p],
+    swap exchanging the features of each rotated pair: the rotation of positional.apply_rotary, term for term
+    (features past the rotary bands get cos 1 and sin 0)."""
+    t = model.transformer
+    if not t.rotary_emb:
+        return None, None
+    cos, sin = rotary_angles(torch.arange(max_len, device=device), t.text_len, t.fmap, t.dim_head, t.rotary_style)
+    cos, sin = cos.view(max_len, -1), sin.view(max_len, -1)  # (max_len, pairs)
+    pairs = cos.shape[1]
+    full_cos = torch.ones(max_len, t.dim_head, device=device)
+    full_sin = torch.zeros(max_len, t.dim_head, device=device)
+    full_cos[:, :2 * pairs] = cos.repeat_interleave(2, dim=1)
+    full_sin[:, :2 * pairs] = torch.stack([-sin, sin], dim=-1).flatten(1)  # a' = a cos - b sin, b' = b cos + a sin
+    return full_cos, full_sin
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    swapped = x.unflatten(-1, (-1, 2)).flip(-1).flatten(-2)
+    return x * cos + swapped * sin
+
+
+def _at(table: torch.Tensor, pos) -> torch.Tensor:
+    """Row pos of a (max_len, ...) tensor: by int in eager steps, by a 0-d tensor (no data-dependent shapes)."""
+    return table[pos] if isinstance(pos, int) else table.index_select(0, pos.view(1)).squeeze(0)
+
+
+def _shift(h: torch.Tensor, history: torch.Tensor, pos, plan: Plan) -> torch.Tensor:
+    """Token shift of the image token at sequence position pos (positional.TokenShift): write its normalised input
+    h (rows, dim) into the history, then take the first quarter of features from the cell above and the second
+    from the cell to the left (zeros on the top row and the left column; quarters sized as torch.chunk sizes them)."""
+    quarter = -(-h.shape[-1] // 4)
+    cell = pos - plan.text_len
+    if isinstance(pos, int):
+        history.select(1, pos).copy_(h)
+        top = history[:, pos - plan.fmap, :quarter] if cell >= plan.fmap else h.new_zeros(h.shape[0], quarter)
+        left = history[:, pos - 1, quarter:2 * quarter] if cell % plan.fmap > 0 else h.new_zeros(h.shape[0], quarter)
+    else:
+        history.index_copy_(1, pos.view(1), h.unsqueeze(1))
+        top = torch.where(cell >= plan.fmap, _at(history.transpose(0, 1), (pos - plan.fmap).clamp(min=0)), 0.0)
+        left = torch.where(cell % plan.fmap > 0, _at(history.transpose(0, 1), pos - 1), 0.0)
+        top, left = top[:, :quarter], left[:, quarter:2 * quarter]
+    return torch.cat([top, left, h[:, 2 * quarter:]], dim=-1)
+
+
+def _attend(qkv: torch.Tensor, buffer: torch.Tensor, pos) -> torch.Tensor:
+    """qkv (rows, 3, heads, d) of the token at pos: write its key and value, attend to positions 0..pos."""
+    q = qkv[:, :1].transpose(1, 2)  # (rows, heads, 1, d)
+    if isinstance(pos, int):
+        buffer.select(3, pos).copy_(qkv[:, 1:].transpose(0, 1))
+        keys_values = buffer.narrow(3, 0, pos + 1)
+        return F.scaled_dot_product_attention(q, keys_values[0], keys_values[1])
+    buffer.index_copy_(3, pos.view(1), qkv[:, 1:].transpose(0, 1).unsqueeze(3))
+    visible = (torch.arange(buffer.shape[3], device=buffer.device) <= pos).view(1, 1, 1, -1)
+    return F.scaled_dot_product_attention(q, buffer[0], buffer[1], attn_mask=visible)
+
+
+def _branch_output(out: torch.Tensor, norm: _Norm | None, scale: torch.Tensor | None) -> torch.Tensor:
+    """A branch's contribution to the residual stream, as Block.branch_output: sandwich norm, then LayerScale."""
+    out = out if norm is None else F.layer_norm(out, out.shape[-1:], *norm)
+    return out if scale is None else out * scale
+
+
+def step(plan: Plan, x: torch.Tensor, pos, io: StepIO) -> torch.Tensor:
+    """x (rows, dim): the embedded image tokens at sequence position pos (an int, or a 0-d int64 tensor when
+    compiled) -> image logits (rows, num_image_tokens)."""
+    rows, heads, d, shape = x.shape[0], plan.heads, plan.dim_head, x.shape[-1:]
+    cos, sin = (None, None) if io.cos is None else (_at(io.cos, pos), _at(io.sin, pos))
+    for i, layer in enumerate(plan.layers):
+        h = F.layer_norm(x, shape, *layer.attn_norm)
+        if plan.shift:
+            h = _shift(h, io.histories[i][0], pos, plan)
+        qkv = layer.qkv(h).view(rows, 3, heads, d)
+        if cos is not None:
+            qkv = (_rotate(qkv, cos, sin) if plan.rotate_values else
+                   torch.cat([_rotate(qkv[:, :2], cos, sin), qkv[:, 2:]], dim=1))
+        out = layer.attn_out(_attend(qkv, io.buffers[i], pos).reshape(rows, heads * d))
+        x = x + _branch_output(out, layer.attn_out_norm, layer.attn_scale)
+        h = F.layer_norm(x, shape, *layer.ff_norm)
+        if plan.shift:
+            h = _shift(h, io.histories[i][1], pos, plan)
+        value, gate = layer.ff_in(h).chunk(2, dim=-1)
+        out = layer.ff_out(value * F.gelu(gate))
+        x.add_(_branch_output(out, layer.ff_out_norm, layer.ff_scale))  # x is this function's own tensor here
+    return plan.head(plan.final(x))
+
+
+def step_io(model, caches, max_len: int) -> StepIO:
+    """The StepIO of a generation's KV caches, after the prefill wrote them (it allocated every buffer)."""
+    histories = None
+    if model.transformer.shift_tokens:
+        histories = [(cache.side["attn"].buffer, cache.side["ff"].buffer) for cache in caches]
+    cos, sin = rotary_tables(model, max_len, caches[0].buffer.device)
+    return StepIO([cache.buffer for cache in caches], histories, cos, sin)
+
+
+def _few_row_product(rows: int):
+    def product(linear):
+        # packed as packed_linears packed it, otherwise in F.linear's layout
+        return FewRowProduct(linear, rows, kind=None if getattr(linear, "packed", None) is not None else "linear")
+    return product
 
 
 class FusedStep:
-    """step(x, pos) for x (rows, dim), the embedded tokens at sequence position pos -> image logits (rows, V).
+    """fused(x, pos) for x (rows, dim), the embedded tokens at sequence position pos (an int) -> image logits.
 
-    Reads and writes the caches given (the Decoder's growing KVCaches, after prefill). The weights are those of
-    the model when the FusedStep was built (one generation): do not train between steps."""
+    Reads and writes the caches given (after the prefill). The weights are those of the model when the FusedStep
+    was built (one generation): do not train between steps."""
 
     def __init__(self, model, caches, rows: int):
-        t = model.transformer
-        self.heads, self.dim_head, self.caches = t.heads, t.dim_head, caches
-        sandwich = [layer.sandwich_norm for layer in t.layers]
-        self.layers = [_Layer(_norm(b.attn_norm), _product(b.attn.to_qkv, rows), _product(b.attn.to_out, rows),
-                              _norm(b.attn_out_norm) if s else None, _norm(b.ff_norm),
-                              _product(b.ff.proj_in, rows), _product(b.ff.proj_out, rows),
-                              _norm(b.ff_out_norm) if s else None, _detached(b.attn_scale), _detached(b.ff_scale))
-                       for b, s in zip(t.layers, sandwich)]
-        self.final = model._final if model.config.stable else None  # PB-relax rescale before the final norm
-        self.final_norm = _norm(model.final_norm)
-        self.head = _product(model.to_image_logits, rows)
-        self.shape = (model.config.dim,)
+        self.plan = plan(model, _few_row_product(rows))
+        self.max_len = caches[0].max_len
+        self.io = step_io(model, caches, self.max_len)
 
     def __call__(self, x: torch.Tensor, pos: int) -> torch.Tensor:
-        rows, heads, d, shape = x.shape[0], self.heads, self.dim_head, self.shape
-        if pos >= self.caches[0].max_len:
-            raise ValueError(f"KV cache overflow: writing position {pos} into a cache of {self.caches[0].max_len}")
-        for layer, cache in zip(self.layers, self.caches):
-            qkv = layer.qkv(F.layer_norm(x, shape, *layer.attn_norm)).view(rows, 3, heads, d)
-            buffer = cache.buffer  # (2, rows, heads, max_len, d), allocated by the prefill
-            buffer.select(3, pos).copy_(qkv[:, 1:].transpose(0, 1))
-            keys_values = buffer.narrow(3, 0, pos + 1)
-            attn = F.scaled_dot_product_attention(qkv[:, :1].transpose(1, 2), keys_values[0], keys_values[1])
-            out = layer.attn_out(attn.reshape(rows, heads * d))
-            out = out if layer.attn_out_norm is None else F.layer_norm(out, shape, *layer.attn_out_norm)
-            x = x + (out if layer.attn_scale is None else out * layer.attn_scale)
-            value_gate = layer.ff_in(F.layer_norm(x, shape, *layer.ff_norm))
-            value, gate = value_gate.chunk(2, dim=-1)
-            out = layer.ff_out(value * F.gelu(gate))
-            out = out if layer.ff_out_norm is None else F.layer_norm(out, shape, *layer.ff_out_norm)
-            x.add_(out if layer.ff_scale is None else out * layer.ff_scale)
-        if self.final is not None:
-            return self.head(self.final(x))
-        return self.head(F.layer_norm(x, shape, *self.final_norm))
+        if pos >= self.max_len:
+            raise ValueError(f"KV cache overflow: writing position {pos} into a cache of {self.max_len}")
+        return step(self.plan, x, pos, self.io)

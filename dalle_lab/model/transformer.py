@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from .attention import Attention, KVCache, StaticKVCache, position_mask
+from .attention import Attention, position_mask
 from .linear import Linear
 from .masks import LayerMasks
 from .positional import TokenShift, rotary_angles
@@ -67,7 +67,7 @@ class Block(nn.Module):
         scale = self.attn_scale if which == "attn" else self.ff_scale
         return out if scale is None else out * scale
 
-    def forward(self, x, cache: KVCache | None = None, start: int = 0, return_attention: bool = False,
+    def forward(self, x, cache=None, start: int = 0, return_attention: bool = False,
                 positions=None, mask=None, rotary=None, shift: TokenShift | None = None):
         h = self.attn_norm(x)
         if shift is not None:
@@ -111,15 +111,13 @@ class Transformer(nn.Module):
         # the default model skips all per-pass extras (positions, masks, angles): its decode step is unchanged
         self.extras = self.masks.sparse or rotary_emb or shift_tokens
 
-    def new_caches(self, max_len: int, static: bool = False) -> list[KVCache] | list[StaticKVCache]:
-        return [(StaticKVCache if static else KVCache)(max_len) for _ in self.layers]
-
-    def forward(self, x, caches: list[KVCache] | None = None, start: int = 0, return_attention: bool = False,
+    def forward(self, x, caches: list | None = None, start: int = 0, return_attention: bool = False,
                 positions=None, kv_len: int | None = None):
         """Returns (x, attentions): attentions is a list with one (B, heads, L, start+L) tensor per layer, or None.
 
-        With static caches (new_caches(static=True)), positions (B, L) gives each token's sequence position and the
-        queries attend to key slots [0, kv_len) (default: the whole cache) up to their own position.
+        caches: one KV cache per layer (dalle_lab/generate/cache.py); the tokens sit at positions start.. of every
+        row, or, with positions (B, L), each at its own sequence position, and then the queries attend to key
+        slots [0, kv_len) (default: the whole cache) up to their own position.
         """
         attentions = [] if return_attention else None
         mask = None

@@ -250,14 +250,15 @@ def _write_samples(engine, dist, vae, tokenizer, captions, output_dir: Path, ste
         return
     from dalle_lab.viz.grid import save_grid
 
-    from .generation import SamplingSettings, sample_images
+    from dalle_lab.generate import GenerationConfig
+    from dalle_lab.generate.folders import sample_images
 
     model = engine.module
     was_training = model.training
     model.eval()
     try:
         with engine.precision.autocast():
-            images = sample_images(model, vae, tokenizer, captions, SamplingSettings(), seed=step)
+            images = sample_images(model, vae, tokenizer, captions, GenerationConfig(), seed=step)
     finally:
         model.train(was_training)
     path = save_grid(images, output_dir / "samples" / f"step{step:08d}.png", nrow=4, scale=3, captions=captions,

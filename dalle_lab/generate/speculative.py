@@ -18,27 +18,17 @@ that is the Jacobi iteration (Song et al. 2021; Teng et al. 2024, "speculative J
 position nothing has looked at yet is drawn from the last distribution computed. Any proposal keeps the result
 exact, provided each draft is drawn from its q independently of the accept/reject coin flips, which it is.
 
-p and q are the final sampling distributions (guidance, temperature, top-k, top-p applied; dalle_lab.sampling),
-so the whole sampling configuration is preserved, not only plain softmax sampling. Rows advance independently
-(each by what it accepted), which the static KV cache with a position mask makes possible.
+p and q are the final sampling distributions (guidance, temperature, top-k, top-p applied; sampling.py), so the
+whole sampling configuration is preserved, not only plain softmax sampling. Rows advance independently (each by
+what it accepted): the KV cache is written by scatter at each row's positions and read under a position mask.
+On the CPU a window pass costs more than the passes it saves (docs/performance.md), so `auto` never picks it.
 """
 from __future__ import annotations
 
 import torch
 
-from ..sampling import draw
-from .decoding import Decoder, Sampling
 from .graphs import GraphedStep
-from .linear import packed_linears
-from .threads import decode_threads
-
-DEFAULT_WINDOW = 8
-
-
-def speculative_by_default(model, batch: int) -> bool:
-    """Whether generate_images decodes speculatively when not told: where it was measured faster (see
-    docs/performance.md)."""
-    return False
+from .sampling import draw
 
 
 def acceptance(p_draft: torch.Tensor, q_draft: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
@@ -62,28 +52,20 @@ def residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     return torch.where(total > 0, r / total.clamp_min(torch.finfo(r.dtype).tiny), p)
 
 
-def speculative_decode(model, text_ids: torch.Tensor, tokens: torch.Tensor, logprobs: torch.Tensor, n_init: int,
-                       sampling: Sampling, generator: torch.Generator | None = None,
-                       window: int = DEFAULT_WINDOW, prepack: bool = True, graphs: bool = False,
-                       single_thread: bool = True) -> int:
-    """Fill tokens / logprobs (B, N) from n_init on, W = window drafts per row and pass. Returns the pass count.
-    prepack: multiply with weights packed once for the window's rows (linear.py); graphs: replay the window pass
-    as a CUDA graph (graphs.py); single_thread: window passes of few rows run on one thread, as plain decoding's
-    steps do (threads.py)."""
-    if window < 1:
-        raise ValueError(f"speculative window must be >= 1, got {window}")
-    dec = Decoder(model, text_ids, sampling, static=True, extra_len=2 * window + 2)
-    rows = dec.batch * dec.repeat * (window + 1)
-    with packed_linears(model, rows=rows, enabled=prepack), decode_threads(rows, enabled=single_thread):
-        return _speculative_loop(dec, tokens, logprobs, n_init, generator, window, graphs)
+def window_slack(window: int) -> int:
+    """Cache slots past the image a window of drafts may write into (a finished row keeps writing past the grid)."""
+    return 2 * window + 2
 
 
-def _speculative_loop(dec, tokens, logprobs, n_init, generator, window, graphs) -> int:
+def speculative_decode(dec, tokens: torch.Tensor, logprobs: torch.Tensor, n_init: int,
+                       generator: torch.Generator | None = None, graphs: bool = False) -> None:
+    """Fill tokens / logprobs (B, N) from n_init on, dec.config.speculative_window drafts per row and pass.
+    dec: a decoder.Decoder with extra_len=window_slack(window); graphs: replay each window pass as a CUDA graph."""
     B, N = tokens.shape
-    W, device = window, tokens.device
+    W, device = dec.config.speculative_window, tokens.device
     # Committed tokens and their log-probs, with room for a window that runs past the last grid position.
-    out = torch.zeros(B, N + 2 * W + 2, dtype=tokens.dtype, device=device)
-    out_lp = torch.zeros(B, N + 2 * W + 2, dtype=logprobs.dtype, device=device)
+    out = torch.zeros(B, N + window_slack(W), dtype=tokens.dtype, device=device)
+    out_lp = torch.zeros(B, N + window_slack(W), dtype=logprobs.dtype, device=device)
     out[:, :n_init] = tokens[:, :n_init]
 
     lp = dec.log_probs(dec.prefill(tokens[:, :n_init]))  # exact distribution of position n_init
@@ -130,4 +112,3 @@ def _speculative_loop(dec, tokens, logprobs, n_init, generator, window, graphs) 
 
     tokens[:, n_init:] = out[:, n_init:N]
     logprobs[:, n_init:] = out_lp[:, n_init:N]
-    return dec.calls

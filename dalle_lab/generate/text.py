@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from ..sampling import draw, resolve_top_k, sampling_distribution
+from .sampling import draw, resolve_top_k, sampling_distribution
 
 
 @torch.no_grad()
@@ -21,7 +21,7 @@ def generate_texts(dalle, text: torch.Tensor, *, top_k: int | None = None, filte
     gets a caption from nothing. top_k / filter_thres / top_p / temperature as for images, over the text vocabulary.
     Returns (B, text_seq_len) raw ids, 0 after each caption's end (what the tokenizer gives for that caption)."""
     cfg = dalle.config
-    text = dalle._check_text(text).clone()
+    text = dalle.check_text(text).clone()
     vocab, seq_len = cfg.num_text_tokens, cfg.text_seq_len
     k = resolve_top_k(top_k, filter_thres, vocab)
     if temperature <= 0:
@@ -38,7 +38,7 @@ def generate_texts(dalle, text: torch.Tensor, *, top_k: int | None = None, filte
             sampling = (lengths <= t) & ~ended  # rows whose caption is open at position t
             if not sampling.any():
                 continue
-            h, _ = dalle._hidden(dalle._text_ids(text), None)  # causal: positions >= t do not change h[:, t]
+            h, _ = dalle.hidden(dalle.text_ids(text), None)  # causal: positions >= t do not change h[:, t]
             logits = dalle.to_text_logits(h[:, t]).float()  # predicts the id at text position t
             allowed = torch.zeros_like(logits, dtype=torch.bool)
             allowed[:, 1:vocab] = True  # real tokens (0 is never a target: pads are remapped to their own ids)

@@ -1,40 +1,35 @@
-"""Generating images from captions with a trained DALLE: the library side of generate.py and of the sample grids
-the training loop writes. Sampling itself lives in dalle_lab.sampling / DALLE.generate_images; this module batches
-captions, seeds, decodes, and writes files.
+"""Captions to images with a trained DALLE: the library side of generate.py and of the sample grids the training
+loop writes. Generation itself is generation.generate; this module tokenizes, batches, seeds, decodes pixels and
+writes files.
 """
 from __future__ import annotations
 
 import json
 import os
 import re
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
+from PIL import Image
 
+from dalle_lab.tokenizers import check_vocab_fits
 from dalle_lab.vae.images import decode_images
+from dalle_lab.viz.grid import save_grid, to_uint8
 
-
-@dataclass
-class SamplingSettings:
-    # calibrated on the main job's model (reports/recipe/): guidance 2 lifted exact match on unseen captions the
-    # most; 3 and more lost accuracy again
-    top_k: int | None = 10
-    top_p: float | None = None
-    temperature: float = 0.7
-    cond_scale: float = 2.0
+from .config import GenerationConfig
+from .generation import generate
+from .text import generate_texts
 
 
 def tokenize_captions(tokenizer, captions, text_seq_len: int, num_text_tokens: int, truncate: bool = False):
     """Token ids for captions, with the user-facing errors generate.py needs (caption too long, vocab too big)."""
-    from dalle_lab.tokenizers import check_vocab_fits
-
     check_vocab_fits(tokenizer, num_text_tokens)
     return tokenizer.tokenize(list(captions), text_seq_len, truncate_text=truncate)
 
 
 @torch.no_grad()
-def sample_images(dalle, vae, tokenizer, captions, settings: SamplingSettings, seed: int = 0, batch_size: int = 16,
+def sample_images(dalle, vae, tokenizer, captions, config: GenerationConfig, seed: int = 0, batch_size: int = 16,
                   truncate: bool = False):
     """Images (len(captions), 3, H, W) in [0, 1] for a list of captions, reproducible from `seed`.
 
@@ -46,27 +41,23 @@ def sample_images(dalle, vae, tokenizer, captions, settings: SamplingSettings, s
     generator = torch.Generator(device=device).manual_seed(seed)
     chunks = []
     for start in range(0, len(captions), batch_size):
-        tokens = dalle.generate_images(text[start:start + batch_size].to(device), top_k=settings.top_k,
-                                       top_p=settings.top_p, temperature=settings.temperature,
-                                       cond_scale=settings.cond_scale, return_tokens=True, generator=generator)
+        tokens, _ = generate(dalle, text[start:start + batch_size].to(device), config, generator=generator)
         chunks.append(decode_images(vae, tokens.to(vae.device)).float().cpu())
     return torch.cat(chunks)
 
 
 @torch.no_grad()
-def complete_captions(dalle, tokenizer, captions, settings: SamplingSettings, seed: int = 0, truncate: bool = False,
+def complete_captions(dalle, tokenizer, captions, config: GenerationConfig, seed: int = 0, truncate: bool = False,
                       filter_thres: float | None = None) -> list[str]:
     """Each caption continued by the model's text head (generate.py --gentxt), decoded: the caption is a prefix and
-    the rest of the text context is sampled (dalle_lab.model.text_sampling). Reproducible from `seed`; top_k (or
-    DALLE-pytorch's filter_thres), top_p and temperature act on the text vocabulary; guidance does not apply."""
-    from dalle_lab.model.text_sampling import generate_texts
-
+    the rest of the text context is sampled (text.py). Reproducible from `seed`; top_k (or DALLE-pytorch's
+    filter_thres), top_p and temperature act on the text vocabulary; guidance does not apply."""
     cfg = dalle.config
     device = next(dalle.parameters()).device
     text = tokenize_captions(tokenizer, captions, cfg.text_seq_len, cfg.num_text_tokens, truncate).to(device)
     generator = torch.Generator(device=device).manual_seed(seed)
-    filled = generate_texts(dalle, text, top_k=None if filter_thres is not None else settings.top_k,
-                            filter_thres=filter_thres, top_p=settings.top_p, temperature=settings.temperature,
+    filled = generate_texts(dalle, text, top_k=None if filter_thres is not None else config.top_k,
+                            filter_thres=filter_thres, top_p=config.top_p, temperature=config.temperature,
                             generator=generator)
     return [tokenizer.decode(row) for row in filled.cpu()]
 
@@ -79,7 +70,7 @@ def caption_dirname(caption: str, max_len: int = 120) -> str:
 
 
 def generate_to_folder(dalle, vae, tokenizer, captions, outputs_dir: str | os.PathLike, num_images: int = 4,
-                       batch_size: int = 16, settings: SamplingSettings | None = None, seed: int = 0,
+                       batch_size: int = 16, config: GenerationConfig | None = None, seed: int = 0,
                        checkpoint: str | None = None, grid: bool = True, truncate: bool = False) -> list[dict]:
     """For each caption: outputs_dir/<caption_with_underscores>/<i>.png, grid.png, and one manifest line per image
     in outputs_dir/manifest.jsonl (appended, so several calls share one manifest). Returns the manifest records.
@@ -87,9 +78,7 @@ def generate_to_folder(dalle, vae, tokenizer, captions, outputs_dir: str | os.Pa
     Caption number c is sampled from a generator seeded with seed + c, so the whole call is reproducible from `seed`
     and a caption's images do not change when other captions are added after it.
     """
-    from dalle_lab.viz.grid import save_grid
-
-    settings = settings or SamplingSettings()
+    config = config or GenerationConfig()
     outputs_dir = Path(outputs_dir)
     outputs_dir.mkdir(parents=True, exist_ok=True)
     # tokenize everything first: a caption that is too long fails before any time is spent sampling
@@ -97,19 +86,15 @@ def generate_to_folder(dalle, vae, tokenizer, captions, outputs_dir: str | os.Pa
     tokenize_captions(tokenizer, captions, cfg.text_seq_len, cfg.num_text_tokens, truncate)
     records = []
     for c, caption in enumerate(captions):
-        images = sample_images(dalle, vae, tokenizer, [caption] * num_images, settings, seed=seed + c,
+        images = sample_images(dalle, vae, tokenizer, [caption] * num_images, config, seed=seed + c,
                                batch_size=batch_size, truncate=truncate)
         folder = outputs_dir / caption_dirname(caption)
         folder.mkdir(parents=True, exist_ok=True)
-        from PIL import Image
-
-        from dalle_lab.viz.grid import to_uint8
-
         for i, array in enumerate(to_uint8(images)):
             file = folder / f"{i}.png"
             Image.fromarray(array).save(file)
             records.append({"caption": caption, "file": str(file.relative_to(outputs_dir)), "index": i,
-                            "seed": seed + c, "checkpoint": checkpoint, **asdict(settings)})
+                            "seed": seed + c, "checkpoint": checkpoint, **asdict(config)})
         if grid:
             save_grid(images, folder / "grid.png", scale=4 if images.shape[-1] <= 64 else 1)
     with open(outputs_dir / "manifest.jsonl", "a", encoding="utf-8") as manifest:

@@ -2,26 +2,23 @@
 
 On a GPU a decode step of a model this size is a few hundred tiny kernels, and launching them costs more than
 running them; a CUDA graph launches the whole step at once. Capture needs every shape and address fixed: the
-Decoder's StaticKVCache (preallocated, written by scatter at each row's positions), attention over all cache slots
+KV cache written by scatter at each row's positions (cache.py), attention over all cache slots
 with a position mask (kv_len = max_len), and input buffers the caller copies into. Sampling stays outside the
 graph (it is cheap and keeps its own RNG stream).
 
 On the CPU `GraphedStep` runs the same fixed-shape step without capture, which is how its arithmetic is tested
-against the plain cached path (tests/test_decoding.py); on a GPU, `benchmarks/perf/run.py --device cuda` measures it.
+against the module path (tests/test_generate_strategies.py); on a GPU, `benchmarks/perf/run.py --device cuda`
+measures it.
 """
 from __future__ import annotations
 
 import torch
 
-from .decoding import Decoder
-
 
 class GraphedStep:
-    """dec.step for inputs of shape (batch, n) over the whole cache; call it as step(tokens, index)."""
+    """dec.step (decoder.Decoder) for inputs of shape (batch, n) over the whole cache: step(tokens, index)."""
 
-    def __init__(self, dec: Decoder, n: int):
-        if not dec.static:
-            raise ValueError("GraphedStep needs Decoder(static=True): the growing KVCache changes shape every step")
+    def __init__(self, dec, n: int):
         if dec.max_len < dec.T + dec.N + n:
             raise ValueError(f"GraphedStep needs Decoder(extra_len >= {n}): warm-up and capture write into slots "
                              "past the image")
