@@ -9,8 +9,8 @@
 #    fp16 with loss scaling, DeepSpeed, CUDA-graph decoding, generate.py, the demo recipe;
 # 3. the demo on the GPU, shortened to DEMO_CHECK_STEPS steps (default 300): it prints the recipe it chose, trains,
 #    generates; the log shows the training speed;
-# 4. the decoding paths side by side on the GPU (benchmarks/perf/run.py --device cuda --quick: plain, CUDA graph,
-#    speculative, both), its results file in GPU_CHECK_DIR.
+# 4. the decoding paths side by side on the GPU (benchmarks/perf/run.py --device cuda --quick: the default, CUDA graph,
+#    speculative), its results file in GPU_CHECK_DIR.
 # Without CUDA it says so and exits 0. Each stage has a time limit (300 s in all); a failed stage does not stop
 # the next, and the exit status is 1 if any failed. Install first where needed: PYTHON=/path/python scripts/install.sh.
 set -uo pipefail

@@ -74,17 +74,17 @@ def test_cuda_graph_decoding_gives_the_plain_logits_and_tokens(tiny_vqgan):
 
     def greedy(**options):
         steps = []
-        tokens = dalle.generate_images(text, top_k=1, return_tokens=True, speculative=False,
+        tokens = dalle.generate_images(text, top_k=1, return_tokens=True,
                                        logits_callback=lambda i, cond, uncond: steps.append(cond.float().cpu()),
                                        generator=torch.Generator("cuda").manual_seed(0), **options)
         return tokens, torch.stack(steps)
 
-    plain_tokens, plain_logits = greedy()
-    graph_tokens, graph_logits = greedy(cuda_graph=True)
+    plain_tokens, plain_logits = greedy(strategy="plain")
+    graph_tokens, graph_logits = greedy(strategy="graph")
     scale = plain_logits.abs().max().item()
     torch.testing.assert_close(graph_logits, plain_logits, rtol=0, atol=64 * FP32_EPS * scale)
     assert torch.equal(graph_tokens, plain_tokens)
-    sampled = dalle.generate_images(text, return_tokens=True, speculative=True, cuda_graph=True,
+    sampled = dalle.generate_images(text, return_tokens=True, strategy="speculative",  # window passes as graphs
                                     generator=torch.Generator("cuda").manual_seed(0))
     assert sampled.shape == plain_tokens.shape and sampled.device.type == "cuda"
     assert 0 <= sampled.min() and sampled.max() < dalle.config.num_image_tokens
