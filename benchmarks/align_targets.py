@@ -143,7 +143,7 @@ def task_compare(args, report: Path) -> dict:
 
     def measure(dalle, tokenizer, seed):
         """JPEG reward and the TV proxy on the same fresh samples, and how well they agree."""
-        from dalle_lab.precision import spearman
+        from dalle_lab.numerics import spearman
 
         result = evaluate_model(dalle, tokenizer, eval_prompts, jpeg, AlignConfig(), seed=seed, shapes=False)
         proxy = tv(result["images"]).numpy()

@@ -47,7 +47,7 @@ def caption_sets(captions, seed: int):
 
 
 def agreement(images, captions, reward, seed: int) -> dict:
-    from dalle_lab.precision.reward_gap import spearman
+    from dalle_lab.numerics import spearman
     from dalle_lab.rewards import shapes_faithfulness
 
     near, changed, other = caption_sets(captions, seed)

@@ -96,7 +96,7 @@ def encode_scores(reward, images, prompts, mode: str):
 
 def score_both(reward, images, precision: str, prompts=None) -> dict:
     """Scores of the same images in float32 and in `precision`, with the embedding cosine between the two."""
-    from dalle_lab.precision import spearman
+    from dalle_lab.numerics import spearman
 
     with torch.no_grad():
         fp32_embeds, low_embeds, fp32, low = [], [], [], []

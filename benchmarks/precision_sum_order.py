@@ -1,5 +1,5 @@
 """How much does summation order matter under tpu_default? The same bf16 operand rounding, summed in float32 (the
-emulation, the CPU's order) and in float64 (dalle_lab.precision.reference), on the random CLIP of the fine-tuning
+emulation, the CPU's order) and in float64 (dalle_lab.numerics.reference), on the random CLIP of the fine-tuning
 experiment (benchmarks/precision_finetune_gap.py: width 256, 6 layers, patch 4, initializer_factor 32) and Shapes
 validation images; beside it, the effect being measured (tpu_default against plain float32).
 
@@ -54,9 +54,10 @@ def main(argv=None) -> int:
     import torch
 
     from dalle_lab.data.shapes import ShapesDataset
-    from dalle_lab.precision.modes import precision_mode
-    from dalle_lab.precision.reference import clip_vision_reference
-    from dalle_lab.rewards.aesthetic import clip_preprocess, random_clip_vision, vit_l14_vision_config
+    from dalle_lab.numerics import precision_mode
+    from dalle_lab.numerics.reference import clip_vision_reference
+    from dalle_lab.rewards.aesthetic import random_clip_vision, vit_l14_vision_config
+    from dalle_lab.rewards.preprocess import clip_preprocess
 
     torch.set_num_threads(args.threads)
     record = {"command": " ".join(["python", "benchmarks/precision_sum_order.py", *(argv or sys.argv[1:])]),

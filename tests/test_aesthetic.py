@@ -8,8 +8,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from dalle_lab.rewards.aesthetic import (AestheticHead, AestheticScorer, clip_preprocess,
-                                       clip_vision_from_openai_state_dict, load_clip_vision)
+from dalle_lab.rewards.aesthetic import (AestheticHead, AestheticScorer, clip_vision_from_openai_state_dict,
+                                       load_clip_vision)
+from dalle_lab.rewards.preprocess import clip_preprocess
 
 # the shared copy of the real LAION head and rating embeddings (override with $DALLE_LAB_AESTHETIC_ASSETS)
 ASSETS = Path(os.environ.get("DALLE_LAB_AESTHETIC_ASSETS",

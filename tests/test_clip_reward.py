@@ -57,7 +57,7 @@ def test_text_embedding_does_not_depend_on_padding(tiny_dir):
 def test_clip_score_is_clipscore_of_transformers_own_embeddings(tiny_dir, tokenizer):
     from transformers import CLIPModel
 
-    from dalle_lab.rewards.aesthetic import clip_preprocess
+    from dalle_lab.rewards.preprocess import clip_preprocess
 
     images, captions = shapes_images(4)
     scores = ClipScorer(tiny_dir)(images, captions)

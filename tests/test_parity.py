@@ -1,4 +1,4 @@
-"""Parity report (dalle_lab.precision.parity), its command line, and the fine-tuning loop's reward-gap guard."""
+"""Parity report (dalle_lab.precision.aesthetic_parity), its command line (precision/parity.py), and the fine-tuning loop's reward-gap guard."""
 import json
 import os
 from pathlib import Path
@@ -7,9 +7,11 @@ import numpy as np
 import pytest
 import torch
 
-from dalle_lab.precision import parity
+from dalle_lab.numerics.reward_gap import reward_gap, reward_gap_warning, score_in_precision
+from dalle_lab.precision import aesthetic_parity as parity
+from dalle_lab.precision.inputs import load_embedding_folder, load_image_folder
+from dalle_lab.precision.parity import main
 from dalle_lab.rewards.aesthetic import AestheticHead, AestheticScorer
-from dalle_lab.precision.reward_gap import reward_gap, reward_gap_warning, score_in_precision
 
 ASSETS = Path(os.environ.get("DALLE_LAB_AESTHETIC_ASSETS",
                              Path(__file__).resolve().parents[2] / "shared" / "assets" / "aesthetic"))
@@ -57,7 +59,7 @@ def test_score_bound_covers_any_affine_head_change():
 
 @needs_assets
 def test_head_only_parity_on_the_real_rating_embeddings():
-    embeddings, names = parity.load_embedding_folder(EMBEDDINGS)
+    embeddings, names = load_embedding_folder(EMBEDDINGS)
     assert names == [f"rating{i}" for i in range(10)]  # natural order, not rating0, rating1, rating10...
     report = parity.head_parity(AestheticHead.from_file(HEAD), embeddings, names=names)
     assert report["fp32_monotone"]
@@ -72,7 +74,7 @@ def test_head_only_parity_on_the_real_rating_embeddings():
 @needs_assets
 def test_encoder_parity_reports_cosines_layers_and_a_bound_that_holds(tiny_clip_dir, image_folder):
     scorer = AestheticScorer(tiny_clip_dir, head_path=HEAD)
-    images, names = parity.load_image_folder(image_folder)
+    images, names = load_image_folder(image_folder)
     assert names == ["img0.png", "img1.png", "img2.png", "img3.png"]
     report = parity.encoder_parity(scorer, images, names=names, batch_size=2)
     assert len(report["fp32_scores"]) == 4 and report["head_weight_norm"] == pytest.approx(18.0, abs=0.05)
@@ -93,8 +95,6 @@ def test_encoder_parity_reports_cosines_layers_and_a_bound_that_holds(tiny_clip_
 def test_parity_command_writes_json_markdown_and_png(tiny_clip_dir, image_folder, tmp_path):
     from PIL import Image
 
-    from dalle_lab.precision.parity_cli import main
-
     out = tmp_path / "report"
     report = main(["--clip_path", str(tiny_clip_dir), "--head_path", str(HEAD), "--images", str(image_folder),
                    "--embeddings", str(EMBEDDINGS), "--modes", "bf16", "tpu_default", "--max_images", "3",
@@ -114,8 +114,6 @@ def test_parity_command_writes_json_markdown_and_png(tiny_clip_dir, image_folder
 def test_parity_command_says_plainly_when_clip_weights_are_random(tmp_path):
     from PIL import Image
 
-    from dalle_lab.precision.parity_cli import main
-
     folder = tmp_path / "images"
     folder.mkdir()
     Image.fromarray(np.full((24, 24, 3), 128, dtype=np.uint8)).save(folder / "gray.png")
@@ -128,8 +126,6 @@ def test_parity_command_says_plainly_when_clip_weights_are_random(tmp_path):
 
 @needs_assets
 def test_parity_command_refuses_to_run_on_nothing():
-    from dalle_lab.precision.parity_cli import main
-
     with pytest.raises(SystemExit, match="nothing to compare"):
         main(["--head_path", str(HEAD)])
 
@@ -172,7 +168,6 @@ def test_reward_gap_needs_a_model_to_cast_and_warns_past_thresholds():
 
 @needs_assets
 def test_parity_command_on_images_sampled_by_a_dalle_checkpoint(tiny_clip_dir, tmp_path):
-    from dalle_lab.precision.parity_cli import main
     from dalle_lab.training.config import TrainConfig
     from dalle_lab.training.loop import train
     from dalle_lab.vae.tiny import make_tiny_vqgan
@@ -191,7 +186,5 @@ def test_parity_command_on_images_sampled_by_a_dalle_checkpoint(tiny_clip_dir, t
 
 
 def test_parity_command_names_a_missing_file(tmp_path):
-    from dalle_lab.precision.parity_cli import main
-
     with pytest.raises(SystemExit, match="missing.pth"):
         main(["--head_path", str(tmp_path / "missing.pth"), "--embeddings", str(tmp_path)])

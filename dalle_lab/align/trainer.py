@@ -265,11 +265,11 @@ class AlignTrainer(RunFiles):
 
     def reward_precision_gap(self, images, prompts, scores) -> dict:
         """Issue 7: when the reward model runs in a lower precision, re-score a fraction of this epoch's images in
-        float32 (dalle_lab.precision.reward_gap), log the gap and warn beyond the thresholds."""
+        float32 (dalle_lab.numerics.reward_gap), log the gap and warn beyond the thresholds."""
         cfg = self.config
         if cfg.reward_precision == "fp32":
             return {}
-        from dalle_lab.precision.reward_gap import reward_gap, reward_gap_warning
+        from dalle_lab.numerics.reward_gap import reward_gap, reward_gap_warning
 
         gap = reward_gap(self.reward, images, prompts, cfg.reward_precision, cfg.reward_gap_fraction,
                          scores=scores, generator=self.generator)

@@ -8,7 +8,7 @@ train_dalle.py, generate.py and train_vae.py, kept for DALLE-pytorch habits, cal
     dalle-generate    dalle_lab/cli/generate.py           python generate.py
     dalle-train-vae   dalle_lab/cli/train_vae.py          python train_vae.py
     dalle-align       dalle_lab/align/__main__.py         python -m dalle_lab.align               (needs [align])
-    dalle-parity      dalle_lab/precision/parity_cli.py   python -m dalle_lab.precision.parity    (needs [align])
+    dalle-parity      dalle_lab/precision/parity.py       python -m dalle_lab.precision.parity    (needs [align])
     dalle-bpe         dalle_lab/tokenizers/train.py       python -m dalle_lab.tokenizers.train
 
 Each module is imported only when its command runs, so one command never pays for another's imports.
@@ -62,7 +62,7 @@ def dalle_align() -> int:
 
 
 def dalle_parity() -> int:
-    from dalle_lab.precision.parity_cli import main
+    from dalle_lab.precision.parity import main
 
     return run(main, needs="align")
 

@@ -1,12 +1,12 @@
-"""Numeric precision for any torch model, and what it does to a reward model's scores.
+"""The precision parity reports: what bf16, fp16 and emulated TPU-default precision (dalle_lab.numerics) do to a
+reward model's embeddings and scores (dalle_lab.rewards).
 
-    modes.py       precision_mode(model, "fp32" | "bf16" | "fp16" | "tpu_default")
-    op_kinds.py    which aten ops tpu_default rounds, refuses, runs untouched or reports
-    reward_gap.py  a reward in a lower precision against float32 on the same images (the fine-tuning guard)
-    parity.py      the parity report: embeddings and scores per image and per layer (`python -m dalle_lab.precision.parity`)
+    parity.py            `python -m dalle_lab.precision.parity` (dalle-parity): the LAION aesthetic scorer's report
+    aesthetic_parity.py  that report's measurements, tables and figure: per image, per layer, head only
+    clip_parity.py       `python -m dalle_lab.precision.clip_parity`: the same for the project's own CLIP
+    inputs.py            what they compare on: image folders, CLIP embedding folders, DALLE samples, Twemoji
+    measures.py          the cosines and number formats both reports share
+    gap_stats.py         the arithmetic of the fine-tuning gap study (a low-precision reward's apparent gain)
+
+The modes themselves and the fine-tuning guard (reward_gap) live in dalle_lab.numerics.
 """
-from dalle_lab.precision.modes import PRECISION_MODES, check_mode, count_matrix_products, precision_mode, round_to_bf16
-from dalle_lab.precision.reward_gap import reward_gap, reward_gap_warning, score_in_precision, spearman
-
-__all__ = ["PRECISION_MODES", "check_mode", "count_matrix_products", "precision_mode", "reward_gap",
-           "reward_gap_warning", "round_to_bf16", "score_in_precision", "spearman"]

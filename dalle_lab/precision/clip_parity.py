@@ -1,5 +1,5 @@
 """Parity report for the project's trained CLIP and its clip_score reward: what bf16, fp16 and tpu_default do to a
-CLIP whose weights mean something (parity.py does the same for the aesthetic scorer).
+CLIP whose weights mean something (aesthetic_parity.py does the same for the aesthetic scorer).
 
 Per mode against float32, on (image, caption) pairs: the image and caption embedding cosines, the per-layer mean
 token cosine of the image tower's hidden states, clip_score changes with both towers in the mode (what a reward run in
@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import copy
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -23,10 +22,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from dalle_lab.data.shapes import ShapesDataset
 from dalle_lab.extras import needs_extra
-from dalle_lab.precision.modes import check_mode
-from dalle_lab.precision.parity import DEFAULT_MODES, _cosine, _fmt, _json_safe, _token_cosine
-from dalle_lab.precision.reward_gap import spearman
+from dalle_lab.numerics import check_mode, spearman
+from dalle_lab.precision.inputs import emoji_images, generate_dalle_images
+from dalle_lab.precision.measures import DEFAULT_MODES, embedding_cosine, fmt, json_safe, token_cosine
+from dalle_lab.provenance import git_state, load_average, machine
+from dalle_lab.rewards.clip import ClipScorer, clipscore, load_clip, new_clip
+from dalle_lab.utils import atomic_write, file_sha256
 
 
 @torch.no_grad()
@@ -50,8 +53,6 @@ def clip_parity(scorer, images, captions=None, modes=DEFAULT_MODES, batch_size: 
 
     captions=None compares the image tower only (images no caption of the CLIP's describes, e.g. emoji for the
     Shapes CLIP): embedding and per-layer cosines, no scores or retrieval."""
-    from dalle_lab.rewards.clip import clipscore
-
     modes = [check_mode(mode) for mode in modes if mode != "fp32"]
 
     def run(mode):
@@ -76,8 +77,8 @@ def clip_parity(scorer, images, captions=None, modes=DEFAULT_MODES, batch_size: 
     for mode in modes:
         hidden, image, text = run(mode)
         embeds[mode] = image
-        image_cos = _cosine(image, ref_image)
-        layers = np.stack([_token_cosine(low, ref) for low, ref in zip(hidden, ref_hidden)], axis=1)
+        image_cos = embedding_cosine(image, ref_image)
+        layers = np.stack([token_cosine(low, ref) for low, ref in zip(hidden, ref_hidden)], axis=1)
         worst = int(np.argmin(image_cos))
         result = {
             "image_cosine_mean": float(image_cos.mean()), "image_cosine_min": float(image_cos.min()),
@@ -90,7 +91,7 @@ def clip_parity(scorer, images, captions=None, modes=DEFAULT_MODES, batch_size: 
             scores = clipscore((image * text).sum(-1)).double().numpy()
             image_only = clipscore((image * ref_text).sum(-1)).double().numpy()
             picks, top1 = retrieval(image, text)
-            text_cos = _cosine(text, ref_text)
+            text_cos = embedding_cosine(text, ref_text)
             result.update({
                 "text_cosine_mean": float(text_cos.mean()), "text_cosine_min": float(text_cos.min()),
                 "score_abs_diff_mean": float(np.abs(scores - ref_scores).mean()),
@@ -102,7 +103,7 @@ def clip_parity(scorer, images, captions=None, modes=DEFAULT_MODES, batch_size: 
             })
             result["per_image"]["score"] = scores.tolist()
         report["modes"][mode] = result
-    report["between_modes"] = {f"{a} vs {b}": float(_cosine(embeds[a], embeds[b]).mean())
+    report["between_modes"] = {f"{a} vs {b}": float(embedding_cosine(embeds[a], embeds[b]).mean())
                                for i, a in enumerate(modes) for b in modes[i + 1:]}
     return report
 
@@ -120,27 +121,27 @@ def _set_lines(name: str, result: dict) -> list[str]:
         lines += ["Image tower only (no caption of this CLIP describes these images).", "",
                   "| mode | image cosine mean / min |", "|---|---|"]
     for mode, m in result["modes"].items():
-        row = f"| {mode} | {_fmt(m['image_cosine_mean'], 6)} / {_fmt(m['image_cosine_min'], 6)} |"
+        row = f"| {mode} | {fmt(m['image_cosine_mean'], 6)} / {fmt(m['image_cosine_min'], 6)} |"
         if scored:
-            row += (f" {_fmt(m['text_cosine_mean'], 6)} / {_fmt(m['text_cosine_min'], 6)} | "
-                    f"{_fmt(m['score_abs_diff_mean'], 5)} / {_fmt(m['score_abs_diff_max'], 5)} | "
-                    f"{_fmt(m['image_tower_only_score_abs_diff_mean'], 5)} | {_fmt(m['spearman'], 4)} | "
-                    f"{_fmt(m['caption_to_image_top1'], 3)} | {_fmt(m['same_retrieval_as_fp32'], 3)} |")
+            row += (f" {fmt(m['text_cosine_mean'], 6)} / {fmt(m['text_cosine_min'], 6)} | "
+                    f"{fmt(m['score_abs_diff_mean'], 5)} / {fmt(m['score_abs_diff_max'], 5)} | "
+                    f"{fmt(m['image_tower_only_score_abs_diff_mean'], 5)} | {fmt(m['spearman'], 4)} | "
+                    f"{fmt(m['caption_to_image_top1'], 3)} | {fmt(m['same_retrieval_as_fp32'], 3)} |")
         lines.append(row)
     layers = len(next(iter(result["modes"].values()))["per_layer_cosine_mean"])
     lines += ["", "Per-layer mean token cosine of the image tower's hidden states (layer 0 = embeddings):", "",
               "| mode | " + " | ".join(f"layer {i}" for i in range(layers)) + " |", "|---|" + "---|" * layers]
     for mode, m in result["modes"].items():
-        lines.append(f"| {mode} | " + " | ".join(_fmt(v, 6) for v in m["per_layer_cosine_mean"]) + " |")
+        lines.append(f"| {mode} | " + " | ".join(fmt(v, 6) for v in m["per_layer_cosine_mean"]) + " |")
     stats = result.get("fp32_activations")
     if stats:
         lines += ["", f"float32 activations per layer ({stats['tokens']} tokens, uniform attention "
                       f"{1 / stats['tokens']:.3f}): mean max attention prob "
-                      + ", ".join(_fmt(v, 3) for v in stats["max_attention_prob"]) + "; residual RMS "
-                      + ", ".join(_fmt(v, 2) for v in stats["residual_rms"])]
+                      + ", ".join(fmt(v, 3) for v in stats["max_attention_prob"]) + "; residual RMS "
+                      + ", ".join(fmt(v, 2) for v in stats["residual_rms"])]
     if result.get("between_modes"):
         lines += ["", "Image embeddings, low precisions against each other (cosine mean): " +
-                  "; ".join(f"{pair} {_fmt(v, 6)}" for pair, v in result["between_modes"].items())]
+                  "; ".join(f"{pair} {fmt(v, 6)}" for pair, v in result["between_modes"].items())]
     return lines + [""]
 
 
@@ -161,9 +162,9 @@ def comparison_lines(report: dict) -> list[str]:
         for label, res in rows:
             stats = res["fp32_activations"]
             for mode, m in res["modes"].items():
-                lines.append(f"| {name} | {label} | {mode} | {_fmt(m['image_cosine_mean'], 6)} / "
-                             f"{_fmt(m['image_cosine_min'], 6)} | {_fmt(m['per_layer_cosine_mean'][-1], 6)} | "
-                             f"{_fmt(stats['max_attention_prob'][-1], 3)} | {_fmt(stats['residual_rms'][-1], 2)} |")
+                lines.append(f"| {name} | {label} | {mode} | {fmt(m['image_cosine_mean'], 6)} / "
+                             f"{fmt(m['image_cosine_min'], 6)} | {fmt(m['per_layer_cosine_mean'][-1], 6)} | "
+                             f"{fmt(stats['max_attention_prob'][-1], 3)} | {fmt(stats['residual_rms'][-1], 2)} |")
     return lines + [""]
 
 
@@ -203,17 +204,7 @@ def plot(report: dict, path) -> None:
     plt.close(figure)
 
 
-def emoji_images(n: int, image_size: int, seed: int):
-    """n Twemoji drawings (all split), chosen by a seeded permutation, and their names."""
-    from dalle_lab.data.emoji import EmojiDataset
-
-    dataset = EmojiDataset("all", image_size=image_size)
-    picks = torch.randperm(len(dataset), generator=torch.Generator().manual_seed(seed))[:n].tolist()
-    items = [dataset[i] for i in picks]
-    return torch.stack([image for image, _ in items]), [name for _, name in items]
-
-
-def main(argv=None) -> dict:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m dalle_lab.precision.clip_parity", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--clip_path", default=None, help="dalle_lab CLIP directory (default: the shipped one)")
@@ -229,29 +220,15 @@ def main(argv=None) -> dict:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--out", default="clip_parity_report", help="folder: parity.json, parity.md, parity.png")
-    args = parser.parse_args(argv)
-    torch.set_num_threads(args.threads)
+    return parser
 
-    from dalle_lab.align.in_run_eval import git_commit
-    from dalle_lab.data.shapes import ShapesDataset
-    from dalle_lab.rewards.clip import ClipScorer, load_clip, new_clip
-    from dalle_lab.utils import atomic_write
 
-    try:
-        scorer = ClipScorer(args.clip_path)
-    except (FileNotFoundError, ValueError) as error:
-        sys.exit(f"python -m dalle_lab.precision.clip_parity: error: {error}")
-    start, cpu_start, load_before = time.time(), time.process_time(), os.getloadavg()
-    report = {"clip": str(scorer.path), "modes_compared": args.modes, "seed": args.seed, "sets": {},
-              "command": "python -m dalle_lab.precision.clip_parity " + " ".join(argv if argv is not None else sys.argv[1:]),
-              "args": vars(args), "git": git_commit(), "threads": torch.get_num_threads(),
-              "cpu_capability": torch.backends.cpu.get_cpu_capability()}
+def comparison_sets(args, image_size: int) -> dict:
+    """name -> (images, captions or None, where they come from): rendered Shapes validation items, with --dalle_path
+    that checkpoint's samples for the same captions, with --emoji Twemoji drawings (image tower only)."""
     images, captions = ShapesDataset("val", args.n, seed=args.seed).batch(range(args.n))
     sets = {"rendered_val": (images, captions, f"rendered Shapes validation items 0..{args.n - 1}, seed {args.seed}")}
     if args.dalle_path:
-        from dalle_lab.precision.parity import generate_dalle_images
-        from dalle_lab.utils import file_sha256
-
         generated, _ = generate_dalle_images(args.dalle_path, captions, seed=args.seed, top_k=10, temperature=0.7,
                                              cond_scale=args.cond_scale)
         sets["generated_val"] = (generated, captions, f"sampled by {args.dalle_path} (sha256 "
@@ -259,29 +236,56 @@ def main(argv=None) -> dict:
                                                       f"10, temperature 0.7, cond_scale {args.cond_scale:g}) for the "
                                                       "same captions")
     if args.emoji:
-        drawn, names = emoji_images(args.emoji, scorer.image_size, args.seed)
+        drawn, names = emoji_images(args.emoji, image_size, args.seed)
         sets["emoji_drawn"] = (drawn, None, f"Twemoji drawings, {args.emoji} of all names by a seed-{args.seed} "
                                             f"permutation, e.g. {', '.join(names[:3])}; image tower only")
+    return sets
+
+
+def random_controls(args, sets: dict) -> dict:
+    """The same comparison on random-weight CLIPs of the trained one's architecture, one per --random_control."""
+    _, tokenizer, metadata = load_clip(args.clip_path)
+    arch = metadata["architecture"]
+    controls = {}
+    for factor in args.random_control:
+        control = ClipScorer(model=new_clip(arch, tokenizer.vocab_size, seed=args.seed, vision_init_factor=factor),
+                             tokenizer=tokenizer, context_length=arch.context_length)
+        controls[f"random, init factor {factor:g}"] = {
+            "init_factor": factor, "weights_seed": args.seed,
+            "sets": {name: clip_parity(control, set_images, set_captions, args.modes)
+                     for name, (set_images, set_captions, _) in sets.items()}}
+    return controls
+
+
+def write_report(report: dict, out) -> None:
+    """parity.json, parity.md and parity.png under `out`."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write(out / "parity.json", lambda tmp: Path(tmp).write_text(json.dumps(json_safe(report), indent=1) + "\n"))
+    atomic_write(out / "parity.md", lambda tmp: Path(tmp).write_text(markdown(report)))
+    atomic_write(out / "parity.png", lambda tmp: plot(report, tmp))
+
+
+def main(argv=None) -> dict:
+    args = build_parser().parse_args(argv)
+    torch.set_num_threads(args.threads)
+    try:
+        scorer = ClipScorer(args.clip_path)
+    except (FileNotFoundError, ValueError) as error:
+        sys.exit(f"python -m dalle_lab.precision.clip_parity: error: {error}")
+    start, cpu_start, load_before = time.time(), time.process_time(), load_average()
+    report = {"clip": str(scorer.path), "modes_compared": args.modes, "seed": args.seed, "sets": {},
+              "command": "python -m dalle_lab.precision.clip_parity " + " ".join(argv if argv is not None else sys.argv[1:]),
+              "args": vars(args), "git": git_state(), "machine": machine(), "threads": torch.get_num_threads(),
+              "cpu_capability": torch.backends.cpu.get_cpu_capability()}
+    sets = comparison_sets(args, scorer.image_size)
     for name, (set_images, set_captions, source) in sets.items():
         report["sets"][name] = {**clip_parity(scorer, set_images, set_captions, args.modes), "source": source}
     if args.random_control:
-        _, tokenizer, metadata = load_clip(args.clip_path)
-        arch = metadata["architecture"]
-        report["random_controls"] = {}
-        for factor in args.random_control:
-            control = ClipScorer(model=new_clip(arch, tokenizer.vocab_size, seed=args.seed, vision_init_factor=factor),
-                                 tokenizer=tokenizer, context_length=arch.context_length)
-            report["random_controls"][f"random, init factor {factor:g}"] = {
-                "init_factor": factor, "weights_seed": args.seed,
-                "sets": {name: clip_parity(control, set_images, set_captions, args.modes)
-                         for name, (set_images, set_captions, _) in sets.items()}}
+        report["random_controls"] = random_controls(args, sets)
     report.update({"seconds": round(time.time() - start, 1), "cpu_seconds": round(time.process_time() - cpu_start, 1),
-                   "loadavg_before": load_before, "loadavg_after": os.getloadavg(), "torch": torch.__version__})
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    atomic_write(out / "parity.json", lambda tmp: Path(tmp).write_text(json.dumps(_json_safe(report), indent=1) + "\n"))
-    atomic_write(out / "parity.md", lambda tmp: Path(tmp).write_text(markdown(report)))
-    atomic_write(out / "parity.png", lambda tmp: plot(report, tmp))
+                   "loadavg_before": load_before, "loadavg_after": load_average(), "torch": torch.__version__})
+    write_report(report, args.out)
     print(markdown(report))
     return report
 

@@ -1,370 +1,123 @@
-"""Parity report: how a reward model's embeddings and scores move in bf16, fp16 and emulated TPU-default precision.
+"""`python -m dalle_lab.precision.parity` (dalle-parity): how the LAION aesthetic scorer's embeddings and scores move
+in bf16, fp16 and emulated TPU-default precision, on your images, a DALLE checkpoint's samples or CLIP embeddings.
 
-For the LAION aesthetic scorer (CLIP image encoder + linear head) and a set of images it measures, per mode against
-float32: the embedding cosine similarity per image and per transformer layer (mean per-token cosine of the hidden
-states: where the error grows), the score difference, the Spearman rank correlation of the scores across images,
-the worst image, and the linear-head bound |score change| <= |w| * sqrt(2 - 2 cos). On CLIP embeddings alone (the real
-rating embeddings) it measures the head's own share. Results go to JSON, a short markdown table and a PNG plot.
-
-Command line: `python -m dalle_lab.precision.parity --help` (dalle_lab/precision/parity_cli.py).
+Examples:
+    # aesthetic scorer with a local CLIP ViT-L/14 on a folder of images, head-only check on the real embeddings
+    python -m dalle_lab.precision.parity --clip_path ~/models/clip-vit-large-patch14 \\
+        --head_path sac+logos+ava1-l14-linearMSE.pth --images my_images/ --embeddings vit_l_14_embeddings/ --out parity/
+    # no CLIP weights: a random-weight ViT-L/14 (said plainly in every output), images sampled by a DALLE checkpoint
+    python -m dalle_lab.precision.parity --head_path ...pth --dalle_path dalle.pt --prompts prompts.txt --out parity/
 """
 from __future__ import annotations
 
-import json
-import math
-import os
-from pathlib import Path
+import argparse
+import sys
+import time
 
-import numpy as np
 import torch
-import torch.nn.functional as F
 
-from dalle_lab.extras import needs_extra
-from dalle_lab.precision.modes import check_mode, precision_mode
-from dalle_lab.precision.reward_gap import spearman
+from dalle_lab.numerics import PRECISION_MODES
+from dalle_lab.precision.aesthetic_parity import encoder_parity, head_parity, markdown_report, write_report
+from dalle_lab.precision.inputs import generate_dalle_images, load_embedding_folder, load_image_folder
+from dalle_lab.provenance import git_state, machine
+from dalle_lab.rewards.aesthetic import AestheticHead, AestheticScorer, random_clip_vision, vit_l14_vision_config
+from dalle_lab.utils import pick_device
 
-DEFAULT_MODES = ("bf16", "fp16", "tpu_default")
-
-
-def _cosine(a, b) -> np.ndarray:
-    """Cosine similarity of matching rows (anything after the first axis is flattened), in float64."""
-    return F.cosine_similarity(a.double().flatten(1), b.double().flatten(1), dim=1).cpu().numpy()
-
-
-def _token_cosine(a, b) -> np.ndarray:
-    """Per image: the mean over tokens of the cosine between matching token vectors of (B, T, D) hidden states."""
-    return F.cosine_similarity(a.double(), b.double(), dim=-1).mean(dim=-1).cpu().numpy()
+RANDOM_CLIP_NOTE = ("CLIP WEIGHTS ARE RANDOM: no --clip_path was given, so the encoder is a ViT-L/14-architecture CLIP "
+                    "with random weights (seed {seed}{details}). It shows how the architecture carries rounding error, "
+                    "not what the real scorer does; random weights understate the real drift (trained weights have "
+                    "larger, structured activations).")
 
 
-def head_norm(head) -> float | None:
-    """|w| of the head's affine map, or None when the head is not affine."""
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m dalle_lab.precision.parity", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--head_path", required=True, help="LAION aesthetic head .pth (sac+logos+ava1-l14-linearMSE)")
+    parser.add_argument("--clip_path", help="local CLIP: transformers directory or OpenAI state-dict file; "
+                                            "omitted: a random-weight ViT-L/14 (stated in the outputs)")
+    parser.add_argument("--images", help="folder of images to score")
+    parser.add_argument("--dalle_path", help="DALLE checkpoint to sample images from (with --prompts)")
+    parser.add_argument("--prompts", help="text file, one prompt per line (with --dalle_path)")
+    parser.add_argument("--embeddings", help="folder of .npy CLIP embeddings for the head-only check")
+    parser.add_argument("--modes", nargs="+", default=["bf16", "fp16", "tpu_default"],
+                        choices=[m for m in PRECISION_MODES if m != "fp32"], help="modes compared with fp32")
+    parser.add_argument("--max_images", type=int, default=8, help="score at most this many images")
+    parser.add_argument("--batch_size", type=int, default=4)
+    parser.add_argument("--random_clip_layers", type=int, default=None,
+                        help="with no --clip_path: fewer layers than ViT-L/14's 24, for a quick look")
+    parser.add_argument("--random_clip_init_factor", type=float, default=1.0,
+                        help="with no --clip_path: scale of the random weights (transformers' initializer_factor); "
+                             "larger gives sharper attention and larger activations, and more rounding drift")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the random CLIP and of DALLE sampling")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    parser.add_argument("--out", default="parity_report", help="output folder: parity.json, parity.md, parity.png")
+    return parser
+
+
+def main(argv=None) -> dict:
+    args = build_parser().parse_args(argv)
+    if not (args.images or args.dalle_path or args.embeddings):
+        sys.exit("nothing to compare: give --images FOLDER, --dalle_path CKPT --prompts FILE, or --embeddings FOLDER")
+    if args.dalle_path and not args.prompts:
+        sys.exit("--dalle_path needs --prompts FILE (one prompt per line)")
     try:
-        weight, _ = head.linear_equivalent()
-    except (AttributeError, TypeError):
-        return None
-    return float(weight.norm())
+        return run(args)
+    except (FileNotFoundError, ValueError) as error:  # a missing file, a wrong checkpoint: the message says which
+        sys.exit(f"python -m dalle_lab.precision.parity: error: {error}")
 
 
-def score_bound(weight_norm: float, cosine) -> np.ndarray:
-    """Largest score change an affine head w.e+b allows between unit embeddings with cosine `cosine`.
+def run(args) -> dict:
+    """The report the flags ask for, written to --out and printed."""
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    device = pick_device(args.device)
+    head = AestheticHead.from_file(args.head_path)
+    report = {"modes_compared": args.modes, "device": str(device), "head_path": str(args.head_path), "notes": [],
+              "git": git_state(), "machine": machine()}
+    start = time.time()
+    details = ""
 
-    |w.(e1 - e2)| <= |w| |e1 - e2| and |e1 - e2|^2 = 2 - 2 cos for unit vectors.
-    """
-    return weight_norm * np.sqrt(np.clip(2.0 - 2.0 * np.asarray(cosine, dtype=np.float64), 0.0, None))
+    if args.embeddings:
+        embeddings, names = load_embedding_folder(args.embeddings)
+        report["head_only"] = head_parity(head.to(device), embeddings, args.modes, names)
+        report["embeddings_path"] = str(args.embeddings)
 
-
-def _batches(images, batch_size):
-    """Consecutive batches of images; images of unequal sizes (a list of (3,H,W)) go one size-group at a time."""
-    if torch.is_tensor(images):
-        for start in range(0, len(images), batch_size):
-            yield range(start, min(start + batch_size, len(images))), images[start:start + batch_size]
-        return
-    start = 0
-    while start < len(images):
-        end = start + 1
-        while end < len(images) and end - start < batch_size and images[end].shape == images[start].shape:
-            end += 1
-        yield range(start, end), torch.stack(list(images[start:end]))
-        start = end
-
-
-def encoder_parity(scorer, images, modes=DEFAULT_MODES, names=None, batch_size: int = 4, progress=None) -> dict:
-    """Compare the scorer in each mode with float32 on `images` ((B,3,H,W) tensor or list of (3,H,W) in [0,1]).
-
-    `scorer` is an AestheticScorer (anything with `.encode(images, precision, output_hidden_states)` returning
-    (encoder output with hidden_states, unit embeddings, scores) and a `.head`). Runs without gradients.
-    """
-    modes = [check_mode(mode) for mode in modes if mode != "fp32"]
-    count = len(images)
-    names = list(names) if names is not None else [f"image{i}" for i in range(count)]
-    weight_norm = head_norm(scorer.head)
-    fp32_scores = np.zeros(count)
-    per_mode = {mode: {"cosine": np.zeros(count), "score": np.zeros(count), "encoder_score": np.zeros(count),
-                       "layers": None, "products": 0} for mode in modes}
-    pairs = [(a, b) for i, a in enumerate(modes) for b in modes[i + 1:]]
-    pair_cosine = {pair: np.zeros(count) for pair in pairs}
-    with torch.no_grad():
-        for index, batch in _batches(images, batch_size):
-            mode_embeds = {}
-            reference, ref_embeds, ref_scores = scorer.encode(batch, "fp32", output_hidden_states=True)
-            fp32_scores[list(index)] = ref_scores.double().cpu().numpy()
-            for mode in modes:
-                out, embeds, scores = scorer.encode(batch, mode, output_hidden_states=True)
-                result = per_mode[mode]
-                result["products"] = max(result["products"], scorer.last_precision.num_products)
-                result["cosine"][list(index)] = _cosine(embeds, ref_embeds)
-                mode_embeds[mode] = embeds
-                result["score"][list(index)] = scores.double().cpu().numpy()
-                # the head in float32 on this mode's embedding: isolates what the encoder's error does to the score
-                result["encoder_score"][list(index)] = scorer.score_embeddings(embeds, "fp32").double().cpu().numpy()
-                layers = np.stack([_token_cosine(low.float(), ref.float())
-                                   for low, ref in zip(out.hidden_states, reference.hidden_states)], axis=1)
-                result["layers"] = layers if result["layers"] is None else np.concatenate([result["layers"], layers])
-                if progress:
-                    drift = ", ".join(f"{1 - c:.2e}" for c in result["cosine"][list(index)])
-                    progress(f"{mode}: images {index.start}-{index.stop - 1}: 1 - embedding cosine {drift}")
-            for a, b in pairs:
-                pair_cosine[(a, b)][list(index)] = _cosine(mode_embeds[a], mode_embeds[b])
-    report = {"images": names, "fp32_scores": fp32_scores.tolist(), "head_weight_norm": weight_norm, "modes": {}}
-    for mode, result in per_mode.items():
-        report["modes"][mode] = _summarise(names, fp32_scores, result, weight_norm)
-    # do two low precisions agree with each other? (a bf16 cast against emulated TPU products: similar, not equal)
-    report["between_modes"] = {}
-    for a, b in pairs:
-        cosine = pair_cosine[(a, b)]
-        report["between_modes"][f"{a} vs {b}"] = {
-            "cosine_mean": float(cosine.mean()), "cosine_min": float(cosine.min()),
-            "spearman": spearman(per_mode[a]["score"], per_mode[b]["score"]),
-            "score_abs_diff_mean": float(np.abs(per_mode[a]["score"] - per_mode[b]["score"]).mean())}
-    return report
-
-
-def _summarise(names, fp32_scores, result, weight_norm) -> dict:
-    difference = result["score"] - fp32_scores
-    encoder_difference = result["encoder_score"] - fp32_scores
-    worst = int(np.argmax(np.abs(difference)))
-    summary = {
-        "cosine_mean": float(result["cosine"].mean()), "cosine_min": float(result["cosine"].min()),
-        "score_diff_mean": float(difference.mean()), "score_abs_diff_mean": float(np.abs(difference).mean()),
-        "score_abs_diff_max": float(np.abs(difference).max()),
-        "worst_image": names[worst], "worst_score_fp32": float(fp32_scores[worst]),
-        "worst_score_mode": float(result["score"][worst]), "worst_cosine": float(result["cosine"][worst]),
-        "spearman": spearman(fp32_scores, result["score"]),
-        "products_rounded_per_batch": int(result["products"]),
-    }
-    per_image = {"cosine": result["cosine"].tolist(), "score": result["score"].tolist(),
-                 "score_diff": difference.tolist(), "encoder_score_diff": encoder_difference.tolist()}
-    if weight_norm is not None:
-        bound = score_bound(weight_norm, result["cosine"])
-        per_image["bound"] = bound.tolist()
-        # the bound covers the encoder's share exactly; the head's own rounding in the mode comes on top of it
-        summary["bound_holds_encoder_share"] = int((np.abs(encoder_difference) <= bound + 1e-4).sum())
-        summary["bound_holds_total"] = int((np.abs(difference) <= bound + 1e-4).sum())
-        summary["bound_max"] = float(bound.max())
-    layers = result["layers"]
-    return {"summary": summary, "per_image": per_image,
-            "per_layer": {"cosine_mean": layers.mean(axis=0).tolist(), "cosine_min": layers.min(axis=0).tolist()}}
-
-
-def head_parity(head, embeddings, modes=DEFAULT_MODES, names=None) -> dict:
-    """Head-only parity: score the given CLIP embeddings (N, D) with the head in each mode against float32."""
-    modes = [check_mode(mode) for mode in modes if mode != "fp32"]
-    embeddings = torch.as_tensor(embeddings).float()
-    names = list(names) if names is not None else [f"embedding{i}" for i in range(len(embeddings))]
-    weight = head.layers[0].weight
-    with torch.no_grad():
-        with precision_mode(head, "fp32"):
-            reference = head(embeddings.to(weight.device)).double().cpu().numpy()
-        report = {"embeddings": names, "fp32_scores": reference.tolist(), "modes": {}}
-        for mode in modes:
-            with precision_mode(head, mode):
-                scores = head(embeddings.to(weight.device, weight.dtype)).double().cpu().numpy()
-            difference = scores - reference
-            report["modes"][mode] = {
-                "scores": scores.tolist(), "score_diff": difference.tolist(),
-                "score_abs_diff_max": float(np.abs(difference).max()),
-                "score_abs_diff_mean": float(np.abs(difference).mean()),
-                "spearman": spearman(reference, scores),
-                "monotone": bool(np.all(np.diff(scores) > 0)),
-            }
-    report["fp32_monotone"] = bool(np.all(np.diff(reference) > 0))
-    return report
-
-
-# ---------------------------------------------------------------------------------------------------- outputs
-
-def _json_safe(value):
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {key: _json_safe(item) for key, item in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_json_safe(item) for item in value]
-    if isinstance(value, np.generic):
-        return _json_safe(value.item())
-    return value
-
-
-def _fmt(value, digits=4) -> str:
-    if value is None or (isinstance(value, float) and not math.isfinite(value)):
-        return "n/a"
-    return f"{value:.{digits}f}" if isinstance(value, float) else str(value)
-
-
-def markdown_report(report: dict) -> str:
-    """A short markdown summary of a parity report (what write_report puts in parity.md)."""
-    lines = ["# Reward precision parity", ""]
-    for note in report.get("notes", []):
-        lines.append(f"> {note}")
-    if report.get("notes"):
-        lines.append("")
-    encoder = report.get("encoder")
-    if encoder:
-        count = len(encoder["images"])
-        lines += [f"## Aesthetic scorer on {count} images (each mode against float32)", "",
-                  "| mode | cosine mean | cosine min | mean abs score diff | max abs score diff (image) | "
-                  "Spearman | bound holds (encoder share / total) |",
-                  "|---|---|---|---|---|---|---|"]
-        for mode, result in encoder["modes"].items():
-            s = result["summary"]
-            bound = (f"{s['bound_holds_encoder_share']}/{count} / {s['bound_holds_total']}/{count}"
-                     if "bound_holds_total" in s else "n/a")
-            lines.append(f"| {mode} | {_fmt(s['cosine_mean'], 6)} | {_fmt(s['cosine_min'], 6)} | "
-                         f"{_fmt(s['score_abs_diff_mean'])} | {_fmt(s['score_abs_diff_max'])} ({s['worst_image']}) | "
-                         f"{_fmt(s['spearman'], 3)} | {bound} |")
-        if encoder.get("head_weight_norm") is not None:
-            lines += ["", f"Bound: |score change| <= |w| sqrt(2 - 2 cos) with |w| = {encoder['head_weight_norm']:.3f} "
-                      "(the head is affine). 'Encoder share' scores the mode's embedding with the float32 head, "
-                      "which the bound covers exactly; 'total' also includes the head's own rounding."]
-        if encoder.get("between_modes"):
-            lines += ["", "Low precisions against each other: " + "; ".join(
-                f"{pair}: embedding cosine mean {_fmt(v['cosine_mean'], 6)} (min {_fmt(v['cosine_min'], 6)}), "
-                f"mean abs score diff {_fmt(v['score_abs_diff_mean'])}, Spearman {_fmt(v['spearman'], 3)}"
-                for pair, v in encoder["between_modes"].items())]
-        layers = next(iter(encoder["modes"].values()))["per_layer"]["cosine_mean"]
-        picks = sorted({0, len(layers) // 4, len(layers) // 2, 3 * len(layers) // 4, len(layers) - 1})
-        lines += ["", "Per-layer mean token cosine of the hidden states (layer 0 = embeddings after pre-LayerNorm):",
-                  "", "| mode | " + " | ".join(f"layer {i}" for i in picks) + " |",
-                  "|---|" + "---|" * len(picks)]
-        for mode, result in encoder["modes"].items():
-            values = result["per_layer"]["cosine_mean"]
-            lines.append(f"| {mode} | " + " | ".join(_fmt(values[i], 6) for i in picks) + " |")
-        lines.append("")
-    head = report.get("head_only")
-    if head:
-        lines += [f"## Head only, on {len(head['embeddings'])} given CLIP embeddings", "",
-                  f"float32 scores: {', '.join(f'{v:.3f}' for v in head['fp32_scores'])} "
-                  f"(increasing: {head['fp32_monotone']})", "",
-                  "| mode | max abs score diff | mean abs score diff | Spearman | still increasing |",
-                  "|---|---|---|---|---|"]
-        for mode, result in head["modes"].items():
-            lines.append(f"| {mode} | {_fmt(result['score_abs_diff_max'], 5)} | "
-                         f"{_fmt(result['score_abs_diff_mean'], 5)} | {_fmt(result['spearman'], 3)} | "
-                         f"{result['monotone']} |")
-        lines.append("")
-    return "\n".join(lines)
-
-
-def plot_report(report: dict, path) -> None:
-    """PNG: per-layer drift (1 - cosine, log scale), scores per mode against float32, head-only changes."""
-    with needs_extra("align", "the parity report's figure"):
-        import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    panels = []
-    encoder, head = report.get("encoder"), report.get("head_only")
-    if encoder:
-        panels += ["layers", "scores"]
-    if head:
-        panels.append("head")
-    figure, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4), squeeze=False)
-    for axis, panel in zip(axes[0], panels):
-        if panel == "layers":
-            for mode, result in encoder["modes"].items():
-                drift = np.maximum(1.0 - np.asarray(result["per_layer"]["cosine_mean"]), 1e-12)
-                axis.semilogy(range(len(drift)), drift, marker=".", label=mode)
-            axis.set(xlabel="layer (0 = embeddings)", ylabel="1 - mean token cosine vs fp32",
-                     title="where the encoder's error grows")
-            axis.xaxis.get_major_locator().set_params(integer=True)
-        elif panel == "scores":
-            reference = np.asarray(encoder["fp32_scores"])
-            for mode, result in encoder["modes"].items():
-                axis.scatter(reference, result["per_image"]["score"], s=18, label=mode)
-            low, high = reference.min(), reference.max()
-            axis.plot([low, high], [low, high], color="grey", linewidth=0.8, label="y = x")
-            axis.set(xlabel="score in fp32", ylabel="score in mode", title="aesthetic score per image")
+    if args.images or args.dalle_path:
+        if args.clip_path:
+            clip, clip_note = args.clip_path, f"CLIP from {args.clip_path}"
         else:
-            for mode, result in head["modes"].items():
-                axis.plot(range(len(result["score_diff"])), result["score_diff"], marker="o", label=mode)
-            axis.set(xlabel="embedding (rating 0..9)", ylabel="score change vs fp32", title="head only")
-        axis.legend(fontsize=8)
-    title = report.get("title")
-    if title:
-        figure.suptitle(title, fontsize=9)
-    figure.tight_layout()
-    figure.savefig(path, dpi=110, format="png")
-    plt.close(figure)
+            overrides = {"initializer_factor": args.random_clip_init_factor}
+            details = "" if args.random_clip_init_factor == 1.0 else f", init factor {args.random_clip_init_factor:g}"
+            if args.random_clip_layers:
+                overrides["num_hidden_layers"] = args.random_clip_layers
+                details += f", {args.random_clip_layers} of its 24 layers"
+            clip = random_clip_vision(vit_l14_vision_config(**overrides), seed=args.seed)
+            clip_note = RANDOM_CLIP_NOTE.format(seed=args.seed, details=details)
+            report["notes"].append(clip_note)
+            print(clip_note, file=sys.stderr)
+        scorer = AestheticScorer(clip, head=head, device=device)
+        report["clip"] = clip_note
+        if args.images:
+            images, names = load_image_folder(args.images, args.max_images)
+            report["images_source"] = f"folder {args.images}"
+        else:
+            with open(args.prompts) as handle:
+                prompts = [line.strip() for line in handle if line.strip()][:args.max_images]
+            images, names = generate_dalle_images(args.dalle_path, prompts, device=device, seed=args.seed)
+            report["images_source"] = f"sampled by {args.dalle_path} (seed {args.seed})"
+        report["encoder"] = encoder_parity(scorer, images, args.modes, names, args.batch_size,
+                                           progress=lambda line: print(line, file=sys.stderr))
+    report["seconds"] = round(time.time() - start, 1)
+    if report["notes"]:
+        report["title"] = f"random-weight ViT-L/14 CLIP (seed {args.seed}{details}) + real LAION head"
+    else:
+        report["title"] = report.get("clip", "LAION head on given embeddings")
+    paths = write_report(report, args.out)
+    print(markdown_report(report))
+    print("wrote " + ", ".join(str(p) for p in paths.values()))
+    return report
 
 
-def write_report(report: dict, out_dir) -> dict:
-    """Write parity.json, parity.md and parity.png under `out_dir`; returns their paths."""
-    from dalle_lab.utils import atomic_write
-
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    paths = {"json": out_dir / "parity.json", "markdown": out_dir / "parity.md", "plot": out_dir / "parity.png"}
-    safe = _json_safe(report)
-    atomic_write(paths["json"], lambda tmp: Path(tmp).write_text(json.dumps(safe, indent=1)))
-    atomic_write(paths["markdown"], lambda tmp: Path(tmp).write_text(markdown_report(report)))
-    atomic_write(paths["plot"], lambda tmp: plot_report(report, tmp))
-    umask = os.umask(0)
-    os.umask(umask)
-    for path in paths.values():  # atomic_write's temporary files are private (0600); reports are for reading
-        os.chmod(path, 0o666 & ~umask)
-    return paths
-
-
-# ------------------------------------------------------------------------------------------------------ inputs
-
-IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".bmp")
-
-
-def load_image_folder(folder, max_images: int | None = None):
-    """(list of (3,H,W) float tensors in [0,1], list of file names) for the images in `folder`, sorted by name."""
-    from PIL import Image
-
-    folder = Path(folder)
-    if not folder.is_dir():
-        raise FileNotFoundError(f"image folder {folder} not found")
-    files = sorted(p for p in folder.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)[:max_images]
-    if not files:
-        raise ValueError(f"no images ({', '.join(IMAGE_SUFFIXES)}) in {folder}")
-    images, names = [], []
-    for file in files:
-        try:
-            with Image.open(file) as image:
-                array = np.asarray(image.convert("RGB"), dtype=np.float32) / 255.0
-        except OSError as error:
-            raise ValueError(f"cannot read image {file}: {error}") from error
-        images.append(torch.from_numpy(array).permute(2, 0, 1).contiguous())
-        names.append(file.name)
-    return images, names
-
-
-def load_embedding_folder(folder):
-    """(N, D) float32 embeddings from the .npy files of `folder` (each (D,) or (k, D)), sorted naturally by name."""
-    import re
-
-    def natural(path):  # rating2 before rating10
-        return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", path.name)]
-
-    folder = Path(folder)
-    files = sorted(folder.glob("*.npy"), key=natural)
-    if not files:
-        raise ValueError(f"no .npy embedding files in {folder}")
-    arrays = []
-    for file in files:
-        array = np.load(file).astype(np.float32)
-        arrays.append(array.reshape(-1, array.shape[-1]))
-    names = [file.stem if len(a) == 1 else f"{file.stem}[{i}]" for file, a in zip(files, arrays) for i in range(len(a))]
-    return torch.from_numpy(np.concatenate(arrays)), names
-
-
-def generate_dalle_images(dalle_path, prompts, device="cpu", seed: int = 0, **sampling):
-    """Images sampled by a DALLE checkpoint for `prompts` (one each): ((B,3,H,W) in [0,1], prompts)."""
-    from dalle_lab.training.checkpoint import load_dalle
-
-    dalle, tokenizer, _ = load_dalle(dalle_path, device=device)
-    text = tokenizer.tokenize(list(prompts), dalle.config.text_seq_len, truncate_text=True).to(device)
-    generator = torch.Generator(device=device).manual_seed(seed)
-    with torch.no_grad():
-        images = dalle.generate_images(text, generator=generator, **sampling)
-    return images.float().clamp(0, 1).cpu(), list(prompts)
-
-
-if __name__ == "__main__":  # `python -m dalle_lab.precision.parity`: the command line lives in parity_cli.py
-    from dalle_lab.precision.parity_cli import main
-
+if __name__ == "__main__":
     main()

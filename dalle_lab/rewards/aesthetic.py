@@ -7,8 +7,8 @@ Everything loads from local files (nothing is downloaded):
   with save_pretrained) or from an OpenAI CLIP state dict file (`visual.*` keys; a TorchScript archive works too),
   converted to transformers' CLIPVisionModelWithProjection.
 
-Preprocessing is CLIP's (shortest side to 224 bicubic, centre crop, CLIP mean/std) written with torch ops, so it runs
-on batches of tensors on any device and stays differentiable for reward backpropagation.
+Preprocessing is CLIP's (shortest side to 224 bicubic, centre crop, CLIP mean/std) written with torch ops
+(preprocess.py), so it runs on batches of tensors on any device and stays differentiable for reward backpropagation.
 
     scorer = AestheticScorer("path/to/clip-vit-large-patch14", head_path="sac+logos+ava1-l14-linearMSE.pth")
     scores = scorer(images)            # images (B,3,H,W) float in [0,1] -> float32 (B,)
@@ -19,16 +19,14 @@ from __future__ import annotations
 import os
 import threading
 from pathlib import Path
+from typing import Callable
 
 import torch
 from torch import nn
 
 from dalle_lab.extras import needs_extra
-from dalle_lab.precision.modes import check_mode, precision_mode
-
-# OpenAI CLIP's normalisation constants (also HuggingFace CLIPImageProcessor's defaults).
-CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
-CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
+from dalle_lab.numerics.modes import check_mode, precision_mode
+from dalle_lab.rewards.preprocess import CLIP_MEAN, CLIP_STD, clip_preprocess, preprocessor_settings
 
 HEAD_PATH_ENV = "DALLE_LAB_AESTHETIC_HEAD"  # where AestheticScorer looks for the head when head_path is not given
 
@@ -223,48 +221,6 @@ def clip_vision_from_openai_state_dict(state: dict):
     return model
 
 
-# ----------------------------------------------------------------------------------------------- preprocessing
-
-def clip_preprocess(images, image_size: int = 224, mean=CLIP_MEAN, std=CLIP_STD):
-    """CLIP preprocessing on a batch of tensors: (B,3,H,W) in [0,1] -> (B,3,S,S) normalised, differentiable.
-
-    Shortest side to `image_size` with antialiased bicubic (torch's antialias matches PIL's resampling), values
-    clamped to [0,1] as an 8-bit image would be, centre crop, then CLIP mean/std.
-    """
-    import torch.nn.functional as F
-
-    if not torch.is_tensor(images) or images.dim() != 4 or images.shape[1] != 3:
-        shape = tuple(images.shape) if hasattr(images, "shape") else type(images).__name__
-        raise ValueError(f"expected images as a float tensor (B,3,H,W) in [0,1]; got {shape}")
-    if not images.is_floating_point():
-        images = images.float() / 255.0
-    images = images.float()
-    height, width = images.shape[-2:]
-    if (height, width) != (image_size, image_size):
-        scale = image_size / min(height, width)
-        size = (max(image_size, int(height * scale)), max(image_size, int(width * scale)))
-        images = F.interpolate(images, size=size, mode="bicubic", align_corners=False, antialias=True).clamp(0, 1)
-        top = int(round((size[0] - image_size) / 2.0))
-        left = int(round((size[1] - image_size) / 2.0))
-        images = images[..., top:top + image_size, left:left + image_size]
-    mean = torch.tensor(mean, dtype=images.dtype, device=images.device).view(1, 3, 1, 1)
-    std = torch.tensor(std, dtype=images.dtype, device=images.device).view(1, 3, 1, 1)
-    return (images - mean) / std
-
-
-def _preprocessor_settings(directory: Path) -> dict:
-    """Mean/std from a transformers preprocessor_config.json when the model directory has one."""
-    import json
-
-    settings = {"mean": CLIP_MEAN, "std": CLIP_STD}
-    config_path = directory / "preprocessor_config.json"
-    if config_path.is_file():
-        config = json.loads(config_path.read_text())
-        settings["mean"] = tuple(config.get("image_mean", CLIP_MEAN))
-        settings["std"] = tuple(config.get("image_std", CLIP_STD))
-    return settings
-
-
 # ------------------------------------------------------------------------------------------------------ the scorer
 
 class AestheticScorer(nn.Module):
@@ -272,7 +228,7 @@ class AestheticScorer(nn.Module):
 
     `clip_path`: local CLIP (see load_clip_vision) or an already built CLIPVisionModelWithProjection.
     `head_path`: the LAION head .pth (default: $DALLE_LAB_AESTHETIC_HEAD), or pass `head=` an AestheticHead.
-    `precision`: one of fp32 / bf16 / fp16 / tpu_default (dalle_lab.precision.modes); preprocessing always runs in
+    `precision`: one of fp32 / bf16 / fp16 / tpu_default (dalle_lab.numerics.modes); preprocessing always runs in
     float32 (as an image processor would), the encoder and head run in the chosen precision.
     The weights are frozen; gradients flow to the images.
     """
@@ -288,7 +244,7 @@ class AestheticScorer(nn.Module):
             self.vision, settings = clip_path, {}
         else:
             self.vision = load_clip_vision(clip_path)
-            settings = _preprocessor_settings(Path(clip_path)) if Path(clip_path).is_dir() else {}
+            settings = preprocessor_settings(Path(clip_path)) if Path(clip_path).is_dir() else {}
         self.image_size = int(self.vision.config.image_size)
         self.image_mean = settings.get("mean", CLIP_MEAN)
         self.image_std = settings.get("std", CLIP_STD)
@@ -345,3 +301,24 @@ class AestheticScorer(nn.Module):
     def forward(self, images, prompts=None, precision: str | None = None):
         """Aesthetic scores (B,) float32 (prompts are ignored: the score depends on the image alone)."""
         return self.encode(images, precision)[2]
+
+
+def aesthetic_reward(clip_path: str, head_path: str | None = None, precision: str = "fp32", device=None) -> Callable:
+    """The LAION improved aesthetic predictor as a reward (CLIP ViT-L/14 weights from a local path).
+
+    The scorer in the reward signature (registry.py names it "aesthetic"). Differentiable in float32, so it can also
+    drive reward backpropagation.
+    """
+    kwargs = {"precision": precision}
+    if head_path is not None:
+        kwargs["head_path"] = head_path
+    if device is not None:
+        kwargs["device"] = device
+    scorer = AestheticScorer(clip_path, **kwargs)
+
+    def aesthetic(images, prompts=None):
+        return scorer(images).float().reshape(-1)
+
+    aesthetic.differentiable = True
+    aesthetic.scorer = scorer
+    return aesthetic

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import tempfile
 import threading
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -28,7 +30,10 @@ from torch import nn
 
 from dalle_lab.assets import ASSETS_DIR
 from dalle_lab.extras import needs_extra
-from dalle_lab.precision.modes import check_mode, precision_mode
+from dalle_lab.numerics.modes import check_mode, precision_mode
+from dalle_lab.rewards.preprocess import CLIP_MEAN, CLIP_STD, clip_preprocess, preprocessor_settings
+from dalle_lab.tokenizers.base import BOS_ID, EOS_ID, PAD_ID, shorten
+from dalle_lab.tokenizers.loading import get_tokenizer
 
 SHIPPED_CLIP_DIR = ASSETS_DIR / "shapes_clip"
 CLIP_PATH_ENV = "DALLE_LAB_CLIP_SCORE_PATH"  # where the clip_score reward looks when no path is given
@@ -64,8 +69,6 @@ def clip_config(arch: ClipArchitecture, vocab_size: int, vision_init_factor: flo
     with needs_extra("align", "the clip_score reward's CLIP"):
         from transformers import CLIPConfig
 
-    from dalle_lab.tokenizers.base import BOS_ID, EOS_ID, PAD_ID
-
     # eos_token_id != 2 makes the text tower pool at the first end-of-text token (transformers' rule for id 2 is
     # "the largest id", the OpenAI vocabulary's convention, which ours does not follow)
     text = dict(vocab_size=vocab_size, hidden_size=arch.text_width, intermediate_size=arch.mlp_ratio * arch.text_width,
@@ -91,8 +94,6 @@ def new_clip(arch: ClipArchitecture, vocab_size: int, seed: int = 0, vision_init
 
 def caption_ids(tokenizer, captions: Sequence[str], context_length: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(input_ids, attention_mask), each (B, T <= context_length): the caption's BPE ids, end-of-text, then pad."""
-    from dalle_lab.tokenizers.base import EOS_ID, PAD_ID, shorten
-
     encoded = [tokens + [EOS_ID] for tokens in tokenizer.encode_batch(list(captions))]
     for caption, tokens in zip(captions, encoded):
         if len(tokens) > context_length:
@@ -141,11 +142,6 @@ def save_clip(model, tokenizer, arch: ClipArchitecture, directory, extra: dict |
 
     Written into a temporary sibling directory and renamed into place, so an interrupted save leaves no half model.
     """
-    import shutil
-    import tempfile
-
-    from dalle_lab.rewards.aesthetic import CLIP_MEAN, CLIP_STD
-
     directory = check_clip_output(directory)
     directory.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", dir=directory.parent))
@@ -182,8 +178,6 @@ def load_clip(path=None):
     """(CLIPModel eval and frozen, tokenizer, metadata dict) from a directory written by `save_clip`."""
     with needs_extra("align", "the clip_score reward's CLIP"):
         from transformers import CLIPModel
-
-    from dalle_lab.tokenizers.loading import get_tokenizer
 
     directory = resolve_clip_path(path)
     if not directory.is_dir():
@@ -234,14 +228,12 @@ class ClipScorer(nn.Module):
     def __init__(self, path=None, device="cpu", precision: str = "fp32", *, model=None, tokenizer=None,
                  context_length: int | None = None):
         super().__init__()
-        from dalle_lab.rewards.aesthetic import CLIP_MEAN, CLIP_STD, _preprocessor_settings
-
         self.precision = check_mode(precision)
         if model is None:
             model, tokenizer, metadata = load_clip(path)
             self.path = resolve_clip_path(path)
             context_length = metadata["architecture"].context_length
-            settings = _preprocessor_settings(self.path)
+            settings = preprocessor_settings(self.path)
         else:
             if tokenizer is None or context_length is None:
                 raise ValueError("ClipScorer(model=...) also needs tokenizer= and context_length=")
@@ -259,8 +251,6 @@ class ClipScorer(nn.Module):
         return self.model.logit_scale.device
 
     def preprocess(self, images):
-        from dalle_lab.rewards.aesthetic import clip_preprocess
-
         return clip_preprocess(images.to(self.device), self.image_size, self.image_mean, self.image_std)
 
     def encode_images(self, images, precision: str | None = None, output_hidden_states: bool = False):

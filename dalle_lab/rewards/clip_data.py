@@ -17,6 +17,7 @@ from typing import Sequence
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 from dalle_lab.data.shapes import (BACKGROUNDS, PALETTE, PLACES, RELATIONS, SHAPES, SIZES, SceneSpec,
                                    ShapesDataset, describe, parse, split_of)
@@ -76,8 +77,6 @@ def augment(images: torch.Tensor, generator: torch.Generator, blur_prob: float =
             noise_std: float = 0.02) -> torch.Tensor:
     """Blur some images (Gaussian, random sigma up to `max_sigma` px) and add pixel noise: a decoded VQGAN image is
     a softened, slightly noisy render, and the reward must score those, not only clean renders."""
-    import torch.nn.functional as F
-
     batch = images.shape[0]
     sigma = torch.rand(batch, generator=generator) * max_sigma
     sigma = torch.where(torch.rand(batch, generator=generator) < blur_prob, sigma, torch.zeros_like(sigma))

@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import sys
 import time
 from dataclasses import asdict, dataclass, field, fields
@@ -24,9 +23,13 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from dalle_lab.provenance import git_commit, load_average, machine
 from dalle_lab.rewards.clip import ClipArchitecture, ClipScorer, check_clip_output, new_clip, save_clip
 from dalle_lab.rewards.clip import caption_ids, image_embeddings, text_embeddings, unit
 from dalle_lab.rewards.clip_data import augment, evaluate_retrieval, training_batch
+from dalle_lab.rewards.preprocess import CLIP_MEAN, CLIP_STD, clip_preprocess
+from dalle_lab.tokenizers.loading import get_tokenizer
+from dalle_lab.utils import atomic_write
 
 
 @dataclass
@@ -84,9 +87,6 @@ def _learning_rate(config: ClipTrainConfig, step: int) -> float:
 
 def train_clip(config: ClipTrainConfig, bpe_path=None, log=print):
     """Train; returns (ClipScorer on the trained model, history list of dicts)."""
-    from dalle_lab.rewards.aesthetic import CLIP_MEAN, CLIP_STD, clip_preprocess
-    from dalle_lab.tokenizers.loading import get_tokenizer
-
     torch.manual_seed(config.seed)
     tokenizer = get_tokenizer(bpe_path)
     arch = config.arch
@@ -160,16 +160,6 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _git_commit() -> str | None:
-    import subprocess
-
-    try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True,
-                              cwd=Path(__file__).resolve().parent).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return None
-
-
 def main(argv=None) -> dict:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -180,7 +170,7 @@ def main(argv=None) -> dict:
     except ValueError as error:
         parser.error(str(error))
     torch.set_num_threads(config.threads)
-    load_before = os.getloadavg()
+    load_before = load_average()
     try:
         check_clip_output(args.out)  # before ten minutes of training, not after
         scorer, history = train_clip(config, args.bpe_path, log=lambda line: print(line, file=sys.stderr))
@@ -196,10 +186,8 @@ def main(argv=None) -> dict:
                for split, result in evaluation.items()}
     print(json.dumps(summary, indent=1))
     if args.results:
-        from dalle_lab.utils import atomic_write
-
-        results = {**trained, "git_commit": _git_commit(), "train_seconds": train_seconds,
-                   "loadavg_before": load_before, "loadavg_after": os.getloadavg(), "torch": torch.__version__,
+        results = {**trained, "git_commit": git_commit(), "train_seconds": train_seconds,
+                   "loadavg_before": load_before, "loadavg_after": load_average(), "machine": machine(), "torch": torch.__version__,
                    "threads": config.threads, "out": str(args.out),
                    "parameters": sum(p.numel() for p in scorer.model.parameters())}
         atomic_write(args.results, lambda tmp: Path(tmp).write_text(json.dumps(results, indent=1) + "\n"))

@@ -15,40 +15,12 @@ background thread so scoring one batch overlaps with sampling the next, as DDPO 
 """
 from __future__ import annotations
 
-from typing import Callable, Mapping, Sequence
+from typing import Mapping, Sequence
 
+from dalle_lab.rewards.aesthetic import aesthetic_reward
 from dalle_lab.rewards.builtin import (RewardFn, brightness, jpeg_compressibility, jpeg_incompressibility,
                                        negative_total_variation, shapes_exact, shapes_faithfulness)
-
-def aesthetic_reward(clip_path: str, head_path: str | None = None, precision: str = "fp32", device=None) -> RewardFn:
-    """The LAION improved aesthetic predictor as a reward (CLIP ViT-L/14 weights from a local path).
-
-    Built by the aesthetic module (dalle_lab.rewards.aesthetic); this wraps its scorer in the reward signature.
-    Differentiable in float32, so it can also drive reward backpropagation.
-    """
-    from dalle_lab.rewards.aesthetic import AestheticScorer
-
-    kwargs = {"precision": precision}
-    if head_path is not None:
-        kwargs["head_path"] = head_path
-    if device is not None:
-        kwargs["device"] = device
-    scorer = AestheticScorer(clip_path, **kwargs)
-
-    def aesthetic(images, prompts=None):
-        return scorer(images).float().reshape(-1)
-
-    aesthetic.differentiable = True
-    aesthetic.scorer = scorer
-    return aesthetic
-
-
-def clip_score_reward(clip_score_path: str | None = None, precision: str = "fp32", device=None) -> RewardFn:
-    """CLIPScore (2.5 * max(cos, 0)) of each image with its caption under a CLIP trained by this project
-    (dalle_lab.rewards.clip; default: the shipped Shapes CLIP, or $DALLE_LAB_CLIP_SCORE_PATH). Differentiable."""
-    from dalle_lab.rewards.clip import clip_score_reward as build
-
-    return build(clip_score_path, precision=precision, device=device)
+from dalle_lab.rewards.clip import clip_score_reward
 
 
 def is_differentiable(reward: RewardFn) -> bool:

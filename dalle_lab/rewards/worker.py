@@ -4,6 +4,8 @@ from __future__ import annotations
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Sequence
 
+from dalle_lab.rewards.builtin import RewardFn
+
 
 class RewardWorker:
     """Scores batches in a background thread so reward computation overlaps with sampling (as DDPO does).

@@ -31,12 +31,21 @@ only the model's: a reward's head and preprocessing run under it as well.
 from __future__ import annotations
 
 import contextlib
+import math
+import warnings
 from collections import Counter
 from dataclasses import dataclass, field
 
-from dalle_lab.precision.op_kinds import PRODUCT_OPERANDS, op_kind, refusal, takes_float32_matrix
+import torch
+import torch.nn.functional as F
+from torch.nn.utils.stateless import _reparametrize_module
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from dalle_lab.numerics.op_kinds import PRODUCT_OPERANDS, op_kind, refusal, takes_float32_matrix
 
 PRECISION_MODES = ("fp32", "bf16", "fp16", "tpu_default")
+
 
 def check_mode(mode: str) -> str:
     if mode not in PRECISION_MODES:
@@ -49,8 +58,6 @@ def round_to_bf16(tensor):
 
     torch's float32 -> bfloat16 conversion rounds to nearest even; casting back is exact.
     """
-    import torch
-
     if tensor.dtype != torch.float32:
         return tensor
     return tensor.to(torch.bfloat16).to(torch.float32)
@@ -71,72 +78,66 @@ class PrecisionHandle:
         return sum(self.products.values())
 
 
-def _tpu_default_modes(handle: PrecisionHandle, unknown_ops: str = "warn"):
-    """Build the two torch modes behind tpu_default (imported lazily: torch internals)."""
-    import torch
-    import torch.nn.functional as F
-    from torch.overrides import TorchFunctionMode
-    from torch.utils._python_dispatch import TorchDispatchMode
+class _DecomposeAttention(TorchFunctionMode):
+    """Rewrites scaled_dot_product_attention as two matmuls and a float32 softmax, which the dispatch mode rounds.
 
-    class DecomposeAttention(TorchFunctionMode):
-        """Rewrites scaled_dot_product_attention as two matmuls and a float32 softmax, which the dispatch mode rounds.
+    As in Flax's dot_product_attention (what the TPU run used), the query is scaled before the first product.
+    """
 
-        As in Flax's dot_product_attention (what the TPU run used), the query is scaled before the first product.
-        """
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is F.scaled_dot_product_attention:
+            return _attention_math(*args, **kwargs)
+        return func(*args, **kwargs)
 
-        def __torch_function__(self, func, types, args=(), kwargs=None):
-            kwargs = kwargs or {}
-            if func is F.scaled_dot_product_attention:
-                return _attention_math(*args, **kwargs)
+
+class _RoundProductOperands(TorchDispatchMode):
+    """Rounds the float32 operands of every matrix product to bfloat16, refuses hidden-product kernels, and counts
+    (and reports per `unknown_ops`) the ops outside op_kinds' allow-list that take float32 matrices."""
+
+    def __init__(self, handle: PrecisionHandle, unknown_ops: str):
+        super().__init__()
+        self.handle, self.unknown_ops = handle, unknown_ops
+        self.kinds: dict = {}  # op -> kind, classified once per op
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        kind = self.kinds.get(func)
+        if kind is None:
+            kind = self.kinds[func] = op_kind(func)
+        if kind == "free":
             return func(*args, **kwargs)
-
-    kinds: dict = {}  # op -> kind, classified once per op
-
-    class RoundProductOperands(TorchDispatchMode):
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            kwargs = kwargs or {}
-            kind = kinds.get(func)
-            if kind is None:
-                kind = kinds[func] = op_kind(func)
-            if kind == "free":
-                return func(*args, **kwargs)
-            name = func._schema.name.split("::", 1)[-1]
-            operands = PRODUCT_OPERANDS.get(name) if kind == "product" else None
-            if operands is not None and any(
-                    i < len(args) and isinstance(args[i], torch.Tensor) and args[i].dtype == torch.float32
-                    for i in operands):
-                args = list(args)
-                for i in operands:
-                    if i < len(args) and isinstance(args[i], torch.Tensor):
-                        args[i] = round_to_bf16(args[i])
-                handle.products[name] += 1
-                return func(*args, **kwargs)
-            if kind == "refused":
-                raise RuntimeError(refusal(name))
-            if kind == "unknown" and takes_float32_matrix(args, kwargs):
-                qualified = func._schema.name
-                handle.unknown[qualified] += 1
-                message = (f"tpu_default precision does not know {qualified}, which takes float32 tensors of rank "
-                           ">= 2: any matrix products inside it run unrounded in float32. If it multiplies no "
-                           "matrices add it to dalle_lab.precision.op_kinds.PRODUCT_FREE_OPS; if it does, give it "
-                           "to the mode as products it can see (or list it in op_kinds)")
-                if unknown_ops == "raise":
-                    raise RuntimeError(message)
-                if unknown_ops == "warn" and handle.unknown[qualified] == 1:
-                    import warnings
-
-                    warnings.warn(message, stacklevel=2)
+        name = func._schema.name.split("::", 1)[-1]
+        operands = PRODUCT_OPERANDS.get(name) if kind == "product" else None
+        if operands is not None and any(
+                i < len(args) and isinstance(args[i], torch.Tensor) and args[i].dtype == torch.float32
+                for i in operands):
+            args = list(args)
+            for i in operands:
+                if i < len(args) and isinstance(args[i], torch.Tensor):
+                    args[i] = round_to_bf16(args[i])
+            self.handle.products[name] += 1
             return func(*args, **kwargs)
+        if kind == "refused":
+            raise RuntimeError(refusal(name))
+        if kind == "unknown" and takes_float32_matrix(args, kwargs):
+            self._report_unknown(func._schema.name)
+        return func(*args, **kwargs)
 
-    return DecomposeAttention(), RoundProductOperands()
+    def _report_unknown(self, qualified: str) -> None:
+        self.handle.unknown[qualified] += 1
+        message = (f"tpu_default precision does not know {qualified}, which takes float32 tensors of rank "
+                   ">= 2: any matrix products inside it run unrounded in float32. If it multiplies no "
+                   "matrices add it to dalle_lab.numerics.op_kinds.PRODUCT_FREE_OPS; if it does, give it "
+                   "to the mode as products it can see (or list it in op_kinds)")
+        if self.unknown_ops == "raise":
+            raise RuntimeError(message)
+        if self.unknown_ops == "warn" and self.handle.unknown[qualified] == 1:
+            warnings.warn(message, stacklevel=3)
 
 
 def _attention_math(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
     """scaled_dot_product_attention written out in float32 ops (same semantics as torch's math reference)."""
-    import math
-
-    import torch
-
     head_dim = query.shape[-1]
     scale = 1.0 / math.sqrt(head_dim) if scale is None else scale
     if enable_gqa and key.shape[-3] != query.shape[-3]:
@@ -168,8 +169,6 @@ _FP32_PRECISION_BACKENDS = ("cuda.matmul", "cudnn.conv", "cudnn.rnn", "mkldnn.ma
 @contextlib.contextmanager
 def _true_fp32():
     """Float32 products in full IEEE precision for the duration; each backend's previous setting comes back after."""
-    import torch
-
     backends = []
     for path in _FP32_PRECISION_BACKENDS:
         backend = torch.backends
@@ -204,9 +203,6 @@ def _cast_model(model, dtype):
     block keeps the bfloat16 tensors it used: `loss.backward()` after the block (reward backpropagation through a
     bf16 reward model) sees the same dtypes as the forward did.
     """
-    import torch
-    from torch.nn.utils.stateless import _reparametrize_module
-
     cast = {name: tensor.to(dtype)
             for name, tensor in [*model.named_parameters(remove_duplicate=False),
                                  *model.named_buffers(remove_duplicate=False)]
@@ -236,8 +232,6 @@ def precision_mode(model, mode: str, unknown_ops: str = "warn"):
     "ignore"; they are counted in every case). On exit the model's parameters, buffers and the global
     float32-precision settings are exactly what they were.
     """
-    import torch
-
     check_mode(mode)
     if unknown_ops not in ("warn", "raise", "ignore"):
         raise ValueError(f"unknown_ops must be 'warn', 'raise' or 'ignore', not {unknown_ops!r}")
@@ -251,16 +245,13 @@ def precision_mode(model, mode: str, unknown_ops: str = "warn"):
         if mode in ("fp32", "tpu_default"):
             stack.enter_context(_true_fp32())
         if mode == "tpu_default":
-            decompose, round_products = _tpu_default_modes(handle, unknown_ops)
-            stack.enter_context(decompose)
-            stack.enter_context(round_products)
+            stack.enter_context(_DecomposeAttention())
+            stack.enter_context(_RoundProductOperands(handle, unknown_ops))
         yield handle
 
 
 def count_matrix_products(model, *args, **kwargs) -> int:
     """Run `model(*args, **kwargs)` without gradients under tpu_default and return how many products it rounded."""
-    import torch
-
     with torch.no_grad(), precision_mode(model, "tpu_default") as handle:
         model(*args, **kwargs)
     return handle.num_products

@@ -8,11 +8,14 @@ Every op the dispatch mode sees is one of
 - "free": known to multiply no matrices (PRODUCT_FREE_OPS, every op tagged pointwise, every view); run untouched;
 - "unknown": anything else (an aten op none of the lists names, any custom op registered through torch.library the
   way flash-attn and xformers register theirs); the mode reports it when it takes a float32 tensor of rank >= 2.
-tests/test_precision.py scans every aten op this torch registers whose name says it may multiply matrices (mm,
+tests/test_numerics.py scans every aten op this torch registers whose name says it may multiply matrices (mm,
 conv, attention, rnn, linalg, solve, ...) and fails on any that is neither "product", "refused" nor "free", so a
 kernel added by a newer torch is classified here before the mode can skip it.
 """
 from __future__ import annotations
+
+import torch
+from torch.utils._pytree import tree_leaves
 
 # products whose float32 operands tpu_default rounds: op name -> positions of the multiplied operands. Bias and
 # accumulator inputs (addmm's first argument, a conv bias) are added in float32 and left alone, as on a TPU. The
@@ -127,8 +130,6 @@ PRODUCT_FREE_OPS = frozenset("""
 
 def op_kind(func) -> str:
     """'product' (rounded), 'refused', 'free' (multiplies no matrices) or 'unknown', for an OpOverload."""
-    import torch
-
     namespace, _, name = func._schema.name.partition("::")
     if namespace != "aten":
         return "unknown"
@@ -155,8 +156,7 @@ def refusal(name: str) -> str:
 
 
 def takes_float32_matrix(args, kwargs) -> bool:
-    import torch
-    from torch.utils._pytree import tree_leaves
-
+    """Whether any tensor among an op's arguments is a float32 matrix (rank >= 2): what an unknown op must not touch
+    unseen."""
     return any(isinstance(x, torch.Tensor) and x.dtype == torch.float32 and x.dim() >= 2
                for x in tree_leaves((args, kwargs)))

@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import contextlib
 
-from dalle_lab.precision.modes import check_mode, precision_mode
+import numpy as np
+import torch
+
+from dalle_lab.numerics.modes import check_mode, precision_mode
+
 
 class RewardGap(dict):
     """How a reward computed in a lower precision differs from float32 on the same images (a plain dict of numbers).
@@ -20,8 +24,6 @@ class RewardGap(dict):
 
 def _reward_model(reward_fn, model):
     """The module a precision mode must act on: `model`, else the reward itself or its `.scorer` / `.model`."""
-    import torch
-
     if model is not None:
         return model
     if isinstance(reward_fn, torch.nn.Module):
@@ -40,8 +42,6 @@ def score_in_precision(reward_fn, images, prompts, precision: str, model=None):
     otherwise the call runs inside `precision_mode(model, precision)` (bf16/fp16 need the model to cast: passed as
     `model`, or found as the reward itself or its `.scorer` / `.model`).
     """
-    import torch
-
     check_mode(precision)
     module = _reward_model(reward_fn, model)
     with torch.no_grad():
@@ -68,9 +68,6 @@ def reward_gap(reward_fn, images, prompts, precision: str, fraction: float = 1.0
     `scores`: the rewards already computed in `precision` for all the images (saves recomputing them).
     The guard that would have caught the published TPU artefact while training: log it each epoch.
     """
-    import numpy as np
-    import torch
-
     check_mode(precision)
     count = len(images)
     if not 0.0 < fraction <= 1.0:
@@ -94,12 +91,10 @@ def reward_gap(reward_fn, images, prompts, precision: str, fraction: float = 1.0
 
 def spearman(x, y) -> float:
     """Spearman rank correlation (scipy); nan when it is undefined (fewer than 3 values, or a constant input)."""
-    import numpy as np
-
     x, y = np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64)
     if len(x) < 3 or np.ptp(x) == 0 or np.ptp(y) == 0:
         return float("nan")
-    from scipy.stats import spearmanr
+    from scipy.stats import spearmanr  # scipy: optional heavy dependency, loaded by the first correlation
 
     return float(spearmanr(x, y).statistic)
 

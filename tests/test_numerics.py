@@ -1,10 +1,10 @@
-"""Precision modes (dalle_lab.precision.modes): TPU-default emulation, interception counts, dtype casts and restores."""
+"""Precision modes (dalle_lab.numerics.modes): TPU-default emulation, interception counts, dtype casts and restores."""
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 
-from dalle_lab.precision.modes import (PRECISION_MODES, count_matrix_products, precision_mode, round_to_bf16)
+from dalle_lab.numerics.modes import (PRECISION_MODES, count_matrix_products, precision_mode, round_to_bf16)
 
 
 def bf16_round_reference(values: np.ndarray) -> np.ndarray:
@@ -253,8 +253,8 @@ def test_tpu_default_reports_ops_outside_its_allow_list_by_name():
 @pytest.mark.parametrize("attn_implementation", ["sdpa", "eager"])
 def test_tpu_default_clip_tower_matches_a_float64_reference_of_bf16_operands(attn_implementation):
     """End to end: the whole tiny CLIP vision tower under tpu_default against the same forward written out by hand
-    (dalle_lab.precision.reference) with bf16-rounded operands and float64 sums."""
-    from dalle_lab.precision.reference import clip_vision_reference
+    (dalle_lab.numerics.reference) with bf16-rounded operands and float64 sums."""
+    from dalle_lab.numerics.reference import clip_vision_reference
 
     model = _tiny_clip(attn_implementation)
     pixels = torch.rand(4, 3, 32, 32, generator=torch.Generator().manual_seed(0))
@@ -304,7 +304,7 @@ def test_every_aten_op_that_may_multiply_matrices_is_rounded_refused_or_known_fr
     adds fails here until it is rounded, refused or known to multiply nothing."""
     import re
 
-    from dalle_lab.precision.op_kinds import op_kind
+    from dalle_lab.numerics.op_kinds import op_kind
 
     maybe_product = re.compile(r"mm|matmul|conv|attention|rnn|lstm|gru|linalg|cholesky|solve|bilinear|dot|mv|addr|"
                                r"svd|eig|qr|lstsq|inverse|det|ormqr|geqrf|householder|matrix_exp|dist|trilinear|"
