@@ -8,6 +8,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from .convert import ConversionError, Sources, convert_file
+
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m dalle_lab.convert", description=__doc__.split("\n\n")[1])
@@ -29,8 +31,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
-    from .convert import ConversionError, Sources, convert_file
-
     args = build_parser().parse_args(argv)
     sources = Sources(args.bpe_path, args.hug, args.vqgan_model_path, args.vqgan_config_path,
                       args.openai_encoder_path, args.openai_decoder_path, args.trust_pickle)

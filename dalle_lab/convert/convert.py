@@ -19,6 +19,14 @@ from pathlib import Path
 
 import torch
 
+from dalle_lab.model import DALLE, DALLEConfig
+from dalle_lab.tokenizers.dallepytorch import SIMPLE_VOCAB_SIZE, dallepytorch_tokenizer
+from dalle_lab.training.checkpoint import load_model_state, make_checkpoint, model_state_without_vae, save_checkpoint
+from dalle_lab.utils import file_sha256
+from dalle_lab.vae.discrete import DiscreteVAE
+from dalle_lab.vae.openai import OpenAIDiscreteVAE
+from dalle_lab.vae.vqgan import VQGanVAE
+
 from . import dallepytorch as dp
 from .dallepytorch import ConversionError
 
@@ -77,10 +85,6 @@ def read_file(path: str | os.PathLike, trust_pickle: bool = False) -> dict:
 
 def load_dallepytorch(path: str | os.PathLike, sources: Sources | None = None) -> Converted:
     """The DALLE-pytorch checkpoint at `path` as a dalle_lab DALLE (with its tokenizers), computing the same function."""
-    from dalle_lab.model import DALLE, DALLEConfig
-    from dalle_lab.training.checkpoint import load_model_state
-    from dalle_lab.utils import file_sha256
-
     sources = sources or Sources()
     ckpt = read_file(path, sources.trust_pickle)
     h = dp.model_hparams(ckpt, path)
@@ -117,8 +121,6 @@ def image_tokenizer(ckpt: dict, sources: Sources, path):
             raise ConversionError(f"{path}: vae_class_name VQGanVAE: pass the VQGAN it was trained with, "
                                   "--vqgan_model_path X.ckpt --vqgan_config_path X.yaml (DALLE-pytorch's default was "
                                   "the ImageNet f16 1024-code VQGAN it downloaded to ~/.cache/dalle)")
-        from dalle_lab.vae import VQGanVAE
-
         vae = VQGanVAE(sources.vqgan_model_path, sources.vqgan_config_path, trust_pickle=sources.trust_pickle)
         for key in ("vae.model.quantize.embedding.weight", "vae.model.quantize.embed.weight"):
             if key in weights and not torch.equal(weights[key].float(), vae.codebook.float().cpu()):
@@ -131,16 +133,12 @@ def image_tokenizer(ckpt: dict, sources: Sources, path):
             raise ConversionError(f"{path}: vae_class_name {name or 'unrecorded (OpenAIDiscreteVAE assumed)'}: pass "
                                   "OpenAI's DALL-E VAE files, --openai_encoder_path encoder.pkl --openai_decoder_path "
                                   "decoder.pkl (or --vqgan_model_path/--vqgan_config_path if it used a VQGAN)")
-        from dalle_lab.vae import OpenAIDiscreteVAE
-
         return OpenAIDiscreteVAE(sources.openai_encoder_path, sources.openai_decoder_path)
     raise ConversionError(f"{path}: vae_class_name {name!r} is not one of DALLE-pytorch's (DiscreteVAE, VQGanVAE, "
                           "OpenAIDiscreteVAE)")
 
 
 def _discrete_vae(params, weights: dict, path):
-    from dalle_lab.vae import DiscreteVAE
-
     if not isinstance(params, dict):
         raise ConversionError(f"{path}: vae_class_name DiscreteVAE but field 'vae_params' is {params!r}: the file "
                               "lost the VAE's settings; it cannot be rebuilt")
@@ -158,8 +156,6 @@ def _discrete_vae(params, weights: dict, path):
 
 
 def text_tokenizer(h: dict, sources: Sources, path):
-    from dalle_lab.tokenizers.dallepytorch import SIMPLE_VOCAB_SIZE, dallepytorch_tokenizer
-
     n = h["num_text_tokens"]
     if sources.bpe_path is None:
         hint = (f"num_text_tokens {n} is DALLE-pytorch's default SimpleTokenizer: pass CLIP's merges file, --bpe_path "
@@ -185,9 +181,6 @@ def vae_file_for(out_path: str | os.PathLike) -> Path:
 
 def convert_file(in_path, out_path, sources: Sources | None = None, vae_out=None) -> Path:
     """Write the dalle_lab checkpoint of a DALLE-pytorch file (and its DiscreteVAE beside it); returns out_path."""
-    from dalle_lab.training.checkpoint import make_checkpoint, model_state_without_vae, save_checkpoint
-    from dalle_lab.vae import DiscreteVAE
-
     converted = load_dallepytorch(in_path, sources)
     if isinstance(converted.vae, DiscreteVAE):
         converted.vae.save(vae_out or vae_file_for(out_path))

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import torch
 
+from dalle_lab.model.positional import rotary_angles
+
 SUPPORTED_MAJOR = "1."
 # DALLE-pytorch 1.6.6's DALLE keywords and their class defaults (dim, depth, vae are required there)
 CLASS_DEFAULTS = dict(num_text_tokens=10000, text_seq_len=256, heads=8, dim_head=64, reversible=False,
@@ -191,8 +193,6 @@ def check_all_used(weights: dict, used: set, path) -> None:
 
 def verify_rotary(weights: dict, model, path) -> None:
     """The rotary table the converted model computes must be the one the file holds (same positions, angles)."""
-    from dalle_lab.model.positional import rotary_angles
-
     saved = weights["transformer.pos_emb"].to(torch.float32)[0]  # (positions, rotated features), angles per feature
     cfg = model.config
     positions = torch.arange(saved.shape[0])

@@ -5,7 +5,12 @@ from __future__ import annotations
 import os
 import sys
 
+import torch
+
+from dalle_lab.training.checkpoint import load_dalle as load_native
+
 from .convert import Sources, load_dallepytorch
+from .dallepytorch import is_dallepytorch_checkpoint
 
 
 def load_dalle(path: str | os.PathLike, device="cpu", bpe_path=None, vqgan_paths=None, *, hug: bool = False,
@@ -17,11 +22,6 @@ def load_dalle(path: str | os.PathLike, device="cpu", bpe_path=None, vqgan_paths
     (model .ckpt, config .yaml) or openai_paths (encoder.pkl, decoder.pkl) its VAE unless it is a DiscreteVAE (whose
     weights it holds). note: where the one-line conversion note goes (default: stderr).
     """
-    import torch
-
-    from dalle_lab.training.checkpoint import load_dalle as load_native
-    from .dallepytorch import is_dallepytorch_checkpoint
-
     peek = None
     for mmap in (True, False):  # mmap reads only what is touched; files of torch < 1.6 need a plain load
         try:

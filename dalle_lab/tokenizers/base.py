@@ -15,6 +15,10 @@ import os
 from pathlib import Path
 from typing import Iterable, Sequence
 
+import torch
+
+from dalle_lab.utils import file_sha256
+
 PAD_ID = 0
 UNK_ID = 1
 BOS_ID = 2
@@ -44,8 +48,6 @@ class TextTokenizer:
     kind: str = "base"
 
     def __init__(self, path: str | os.PathLike):
-        from dalle_lab.utils import file_sha256
-
         self.path = Path(path).resolve()
         # Hashed when loaded, so a checkpoint records the vocabulary actually in use even if the file changes later.
         self.sha256 = file_sha256(self.path)
@@ -99,8 +101,6 @@ class TextTokenizer:
         in which case its first context_length tokens are kept. An empty caption gives a row of pad only (the same
         row classifier-free guidance uses as the "no prompt" condition).
         """
-        import torch
-
         if isinstance(texts, str):
             texts = [texts]
         if context_length < 1:

@@ -19,7 +19,14 @@ import os
 from functools import lru_cache
 from pathlib import Path
 
+import ftfy
+import regex
+import youtokentome as yttm
+from tokenizers import Tokenizer
+from tokenizers.processors import ByteLevel
+
 from dalle_lab.tokenizers.base import TextTokenizer
+from dalle_lab.tokenizers.yttm_backend import read_yttm_alphabet
 
 SIMPLE_VOCAB_SIZE = 49408
 _MERGES = SIMPLE_VOCAB_SIZE - 2 * 256 - 2  # the merges CLIP's vocabulary keeps (the file holds more)
@@ -57,8 +64,6 @@ class SimpleTokenizer(TextTokenizer):
     kind = "dallepytorch_simple"
 
     def __init__(self, path: str | os.PathLike):
-        import regex
-
         super().__init__(path)
         lines = _read_lines(self.path)
         merges = [tuple(line.split()) for line in lines[1:1 + _MERGES]]
@@ -83,8 +88,6 @@ class SimpleTokenizer(TextTokenizer):
         return None  # byte-level: every character can be spelled
 
     def clean(self, text: str) -> str:
-        import ftfy
-
         text = html.unescape(html.unescape(ftfy.fix_text(text))).strip()
         return self._space.sub(" ", text).strip().lower()
 
@@ -140,10 +143,6 @@ class DallePytorchYttm(TextTokenizer):
     kind = "dallepytorch_yttm"
 
     def __init__(self, path: str | os.PathLike):
-        import youtokentome as yttm
-
-        from dalle_lab.tokenizers.yttm_backend import read_yttm_alphabet
-
         super().__init__(path)
         self._alphabet = read_yttm_alphabet(self.path)  # refuses files that are not youtokentome models
         self._bpe = yttm.BPE(model=str(self.path))
@@ -167,9 +166,6 @@ class DallePytorchHug(TextTokenizer):
     kind = "dallepytorch_hug"
 
     def __init__(self, path: str | os.PathLike):
-        from tokenizers import Tokenizer
-        from tokenizers.processors import ByteLevel
-
         super().__init__(path)
         try:
             self._tok = Tokenizer.from_file(str(self.path))

@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 import os
 
+from tokenizers import Tokenizer
+
 from dalle_lab.tokenizers.base import PAD_ID, TextTokenizer, shorten
 
 
@@ -36,8 +38,6 @@ class HFTokenizer(TextTokenizer):
     kind = "hf"
 
     def __init__(self, path: str | os.PathLike):
-        from tokenizers import Tokenizer
-
         super().__init__(path)
         try:
             spec = json.loads(self.path.read_text(encoding="utf-8"))

@@ -6,6 +6,9 @@ from pathlib import Path
 
 from dalle_lab.assets import BPE_DIR
 from dalle_lab.tokenizers.base import TextTokenizer
+from dalle_lab.tokenizers.dallepytorch import KINDS as DALLEPYTORCH_KINDS
+from dalle_lab.tokenizers.hf_backend import HFTokenizer
+from dalle_lab.tokenizers.yttm_backend import YttmTokenizer
 
 # The shipped vocabularies are package data (dalle_lab/assets/bpe/), so an installed wheel has them too.
 DEFAULT_BPE_PATH = BPE_DIR / "shapes.model"
@@ -60,11 +63,7 @@ def get_tokenizer(bpe_path: str | os.PathLike | None = None, dataset: str = "sha
             f"--vocab_size 2000 --output {path.name if path.suffix else 'my.model'}"
         )
     if backend_for(path) == "hf":
-        from dalle_lab.tokenizers.hf_backend import HFTokenizer
-
         return HFTokenizer(path)
-    from dalle_lab.tokenizers.yttm_backend import YttmTokenizer
-
     return YttmTokenizer(path)
 
 
@@ -75,8 +74,6 @@ def load_tokenizer(identity: dict) -> TextTokenizer:
     shipped vocabularies', that shipped file is used.
     """
     path, sha256 = Path(identity["path"]), identity.get("sha256")
-    from dalle_lab.tokenizers.dallepytorch import KINDS as DALLEPYTORCH_KINDS
-
     if identity.get("kind") in DALLEPYTORCH_KINDS:  # a model converted from DALLE-pytorch reads text as it did
         if not path.is_file():
             raise FileNotFoundError(f"the checkpoint's text vocabulary {path} (DALLE-pytorch's "

@@ -8,6 +8,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import youtokentome as yttm
+
 from dalle_lab.tokenizers.base import BOS_ID, EOS_ID, PAD_ID, TextTokenizer
 
 
@@ -43,8 +45,6 @@ class YttmTokenizer(TextTokenizer):
     kind = "yttm"
 
     def __init__(self, path: str | os.PathLike):
-        import youtokentome as yttm
-
         super().__init__(path)
         self._alphabet = read_yttm_alphabet(self.path)
         self._bpe = yttm.BPE(model=str(self.path))

@@ -5,6 +5,10 @@ import math
 import os
 from pathlib import Path
 
+from PIL import Image, ImageDraw
+
+from dalle_lab.utils import atomic_write
+
 
 def to_uint8(images):
     """(B, 3, H, W) float tensor in [0, 1] -> (B, H, W, 3) uint8 numpy array."""
@@ -24,8 +28,6 @@ def make_grid(images, nrow: int | None = None, padding: int = 2, captions=None, 
     `scale` enlarges tiny images (nearest neighbour, so token blocks stay visible); `captions` (one per image)
     are written under each tile, cut to the tile's width.
     """
-    from PIL import Image, ImageDraw
-
     arrays = to_uint8(images)
     count = len(arrays)
     if count == 0:
@@ -51,8 +53,6 @@ def make_grid(images, nrow: int | None = None, padding: int = 2, captions=None, 
 
 def save_grid(images, path: str | os.PathLike, **kwargs) -> Path:
     """make_grid(...) saved as a PNG (written to a temporary name first, then renamed)."""
-    from dalle_lab.utils import atomic_write
-
     grid = make_grid(images, **kwargs)
     return atomic_write(path, lambda tmp: grid.save(tmp, format="PNG"))
 
@@ -60,8 +60,6 @@ def save_grid(images, path: str | os.PathLike, **kwargs) -> Path:
 def make_labeled_rows(rows, scale: int = 2, padding: int = 2, label_width: int = 260):
     """A PIL image with one row per `(label, images (N, 3, H, W) in [0, 1])`: the label at the left, then the
     images. For comparisons such as "the real drawing, then eight samples" per caption."""
-    from PIL import Image, ImageDraw
-
     if not rows:
         raise ValueError("make_labeled_rows needs at least one row")
     tiles = [to_uint8(images) for _, images in rows]
