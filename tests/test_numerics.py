@@ -323,3 +323,14 @@ def test_every_aten_op_that_may_multiply_matrices_is_rounded_refused_or_known_fr
         if op_kind(op) == "unknown":
             unclassified.append(name)
     assert checked > 150 and not unclassified, unclassified  # 204 in torch 2.13
+
+
+def test_numerics_is_a_leaf_that_imports_nothing_else_of_the_package():
+    """rewards, align and the parity reports build on numerics; an import back up would tie the leaf to them."""
+    import subprocess
+    import sys
+
+    code = ("import sys, dalle_lab.numerics, dalle_lab.numerics.reference; "
+            "print(sorted(m for m in sys.modules if m.startswith('dalle_lab.') and not m.startswith('dalle_lab.numerics')))")
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          check=True).stdout.strip() == "[]"
