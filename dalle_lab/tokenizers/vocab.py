@@ -14,8 +14,12 @@ import tempfile
 from pathlib import Path
 from typing import Iterable, Iterator, Sequence, Union
 
+import youtokentome as yttm
+from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+
 from dalle_lab.tokenizers.base import PAD_ID, SPECIAL_TOKENS, TextTokenizer, normalize_caption
 from dalle_lab.tokenizers.loading import get_tokenizer
+from dalle_lab.utils import atomic_write
 
 Source = Union[str, os.PathLike]
 BACKENDS = ("yttm", "hf")
@@ -131,8 +135,6 @@ def train_bpe(
             f"and a BPE vocabulary needs a token for each plus the word-start marker and pad/unk/bos/eos. Use "
             f"--vocab_size {needed} or more"
         )
-    from dalle_lab.utils import atomic_write
-
     with tempfile.TemporaryDirectory(prefix="dalle_lab_bpe_") as tmp:
         trained = Path(tmp) / ("vocab.json" if backend == "hf" else "vocab.model")
         if backend == "hf":
@@ -144,8 +146,6 @@ def train_bpe(
 
 
 def _train_yttm(captions: list[str], vocab_size: int, output: Path, extra_characters: str, verbose: bool) -> None:
-    import youtokentome as yttm
-
     corpus = output.with_suffix(".txt")
     lines = list(captions)
     if extra_characters:
@@ -157,8 +157,6 @@ def _train_yttm(captions: list[str], vocab_size: int, output: Path, extra_charac
 
 
 def _train_hf(captions: list[str], vocab_size: int, output: Path, extra_characters: str) -> None:
-    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
-
     tokenizer = Tokenizer(models.BPE(unk_token=SPECIAL_TOKENS[1]))
     tokenizer.normalizer = normalizers.Lowercase()  # so the file also lower-cases when used outside dalle_lab
     tokenizer.pre_tokenizer = pre_tokenizers.Metaspace()  # "▁" marks word starts, as in youtokentome
