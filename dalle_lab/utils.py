@@ -1,6 +1,5 @@
-"""Small helpers shared across the package: device choice, file identity, atomic writes.
-
-Kept dependency-light (torch is imported lazily) so `import dalle_lab` stays fast.
+"""Small helpers shared across the package: device choice, the CPU's and GPU's bfloat16, file identity, atomic
+writes. (`import dalle_lab` stays light because the package's __init__ imports nothing until a name is used.)
 """
 from __future__ import annotations
 
@@ -11,11 +10,11 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Callable
 
+import torch
+
 
 def pick_device(name: str = "auto"):
     """Resolve a device name: "auto" picks CUDA when present, else CPU. Anything torch accepts passes through."""
-    import torch
-
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     device = torch.device(name)
@@ -45,8 +44,6 @@ def cpu_has_native_bf16() -> bool:
 
 @lru_cache(maxsize=None)
 def _cpu_probe_bf16() -> bool:
-    import torch
-
     return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
@@ -102,8 +99,6 @@ def atomic_write(path: str | os.PathLike, write: Callable[[str], Any]) -> Path:
 
 def atomic_torch_save(obj: Any, path: str | os.PathLike) -> Path:
     """torch.save through a temporary file and a rename (see atomic_write)."""
-    import torch
-
     return atomic_write(path, lambda tmp: torch.save(obj, tmp))
 
 
@@ -113,8 +108,6 @@ def cuda_has_native_bf16(device=None) -> bool:
     torch.cuda.is_bf16_supported() also answers yes for older GPUs (V100, T4) that only emulate bfloat16, far more
     slowly; there `--amp` means float16 with dynamic loss scaling instead. The demo recipe and mixed precision ask
     this one function. False without CUDA."""
-    import torch
-
     if not torch.cuda.is_available():
         return False
     if torch.version.hip:  # ROCm: every GPU torch supports computes bfloat16
