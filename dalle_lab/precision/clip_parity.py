@@ -24,6 +24,7 @@ import torch
 
 from dalle_lab.data.shapes import ShapesDataset
 from dalle_lab.extras import needs_extra
+from dalle_lab.generate import GenerationConfig
 from dalle_lab.numerics import check_mode, spearman
 from dalle_lab.precision.inputs import emoji_images, generate_dalle_images
 from dalle_lab.precision.measures import DEFAULT_MODES, embedding_cosine, fmt, json_safe, token_cosine
@@ -229,8 +230,8 @@ def comparison_sets(args, image_size: int) -> dict:
     images, captions = ShapesDataset("val", args.n, seed=args.seed).batch(range(args.n))
     sets = {"rendered_val": (images, captions, f"rendered Shapes validation items 0..{args.n - 1}, seed {args.seed}")}
     if args.dalle_path:
-        generated, _ = generate_dalle_images(args.dalle_path, captions, seed=args.seed, top_k=10, temperature=0.7,
-                                             cond_scale=args.cond_scale)
+        sampling = GenerationConfig(top_k=10, temperature=0.7, cond_scale=args.cond_scale)
+        generated, _ = generate_dalle_images(args.dalle_path, captions, sampling, seed=args.seed)
         sets["generated_val"] = (generated, captions, f"sampled by {args.dalle_path} (sha256 "
                                                       f"{file_sha256(args.dalle_path)[:12]}, seed {args.seed}, top_k "
                                                       f"10, temperature 0.7, cond_scale {args.cond_scale:g}) for the "

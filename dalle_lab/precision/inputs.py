@@ -12,7 +12,9 @@ import torch
 from PIL import Image
 
 from dalle_lab.data.emoji import EmojiDataset
+from dalle_lab.generate import GenerationConfig, generate
 from dalle_lab.training.checkpoint import load_dalle
+from dalle_lab.vae.images import decode_images
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".bmp")
 
@@ -54,13 +56,15 @@ def load_embedding_folder(folder):
     return torch.from_numpy(np.concatenate(arrays)), names
 
 
-def generate_dalle_images(dalle_path, prompts, device="cpu", seed: int = 0, **sampling):
-    """Images sampled by a DALLE checkpoint for `prompts` (one each): ((B,3,H,W) in [0,1], prompts)."""
-    dalle, tokenizer, _ = load_dalle(dalle_path, device=device)
+def generate_dalle_images(dalle_path, prompts, config: GenerationConfig, device="cpu", seed: int = 0):
+    """Images sampled by a DALLE checkpoint for `prompts` (one each, one batch, drawn as `config` says from a
+    generator seeded with `seed`): ((B,3,H,W) in [0,1], prompts)."""
+    dalle, tokenizer, vae = load_dalle(dalle_path, device=device)
     text = tokenizer.tokenize(list(prompts), dalle.config.text_seq_len, truncate_text=True).to(device)
     generator = torch.Generator(device=device).manual_seed(seed)
     with torch.no_grad():
-        images = dalle.generate_images(text, generator=generator, **sampling)
+        tokens, _ = generate(dalle, text, config, generator=generator)
+        images = decode_images(vae, tokens)
     return images.float().clamp(0, 1).cpu(), list(prompts)
 
 

@@ -16,6 +16,7 @@ import time
 
 import torch
 
+from dalle_lab.generate import GenerationConfig
 from dalle_lab.numerics import PRECISION_MODES
 from dalle_lab.precision.aesthetic_parity import encoder_parity, head_parity, markdown_report, write_report
 from dalle_lab.precision.inputs import generate_dalle_images, load_embedding_folder, load_image_folder
@@ -23,6 +24,8 @@ from dalle_lab.provenance import git_state, machine
 from dalle_lab.rewards.aesthetic import AestheticHead, AestheticScorer, random_clip_vision, vit_l14_vision_config
 from dalle_lab.utils import pick_device
 
+# how --dalle_path samples: plain draws from the model's distribution (DALLE-pytorch's generate_images defaults)
+PLAIN_SAMPLING = GenerationConfig(top_k=None, temperature=1.0, cond_scale=1.0)
 RANDOM_CLIP_NOTE = ("CLIP WEIGHTS ARE RANDOM: no --clip_path was given, so the encoder is a ViT-L/14-architecture CLIP "
                     "with random weights (seed {seed}{details}). It shows how the architecture carries rounding error, "
                     "not what the real scorer does; random weights understate the real drift (trained weights have "
@@ -104,7 +107,7 @@ def run(args) -> dict:
         else:
             with open(args.prompts) as handle:
                 prompts = [line.strip() for line in handle if line.strip()][:args.max_images]
-            images, names = generate_dalle_images(args.dalle_path, prompts, device=device, seed=args.seed)
+            images, names = generate_dalle_images(args.dalle_path, prompts, PLAIN_SAMPLING, device, args.seed)
             report["images_source"] = f"sampled by {args.dalle_path} (seed {args.seed})"
         report["encoder"] = encoder_parity(scorer, images, args.modes, names, args.batch_size,
                                            progress=lambda line: print(line, file=sys.stderr))
