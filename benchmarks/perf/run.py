@@ -64,13 +64,16 @@ def plan(quick: bool, peer: bool, default_config: dict) -> list[list[Job]]:
         return [Job(f"train/{cfg_name}/{dtype}", i, ["--task", "train", *cfg, "--dtype", dtype,
                                                      "--steps", str(steps), "--warmup", str(warmup)]) for i in who]
 
-    def gen(cfg_name, cfg, cache, reps, who=impls, batch=4, decode="default"):
-        # decode "default": generate_images with no strategy, as users call it (the peer's only way)
+    def gen(cfg_name, cfg, cache, reps, who=impls, batch=4, decode="default", kinds=None):
+        # decode "default": generate_images with no strategy, as users call it (the peer's only way); kinds: a
+        # candidate product layout (worker.py --product-kinds)
         name = ("cached" if cache else "uncached") + ("" if batch == 4 else f"/b{batch}")
         name += "" if decode == "default" else f"/{decode}"
+        name += "" if kinds is None else f"/products-{kinds}"
         return [Job(f"generate/{cfg_name}/{name}", i,
                     ["--task", "generate", *cfg, "--use-cache", str(int(cache)), "--batch", str(batch),
-                     "--reps", str(reps), "--decode", decode]) for i in who]
+                     "--reps", str(reps), "--decode", decode,
+                     *([] if kinds is None else ["--product-kinds", kinds])]) for i in who]
 
     ceiling = [[Job("matmul", "ours", ["--task", "matmul", "--reps", "3" if quick else "10"])]]
     plain = ["peer-plain"] if peer else []
@@ -95,7 +98,8 @@ def plan(quick: bool, peer: bool, default_config: dict) -> list[list[Job]]:
         # like for like with ours), then our other strategies
         gen("reference", ref, True, 2) + gen("reference", ref, True, 2, who=plain)
         + gen("reference", ref, True, 2, who=["ours"], decode="speculative")
-        + gen("reference", ref, True, 2, who=["ours"], decode="compiled"),
+        + gen("reference", ref, True, 2, who=["ours"], decode="compiled")
+        + sum((gen("reference", ref, True, 2, who=["ours"], kinds=kinds) for kinds in ("wt", "linear")), []),
         # a DALLE-pytorch class-default architecture (rotary embeddings and token shift on) on both sides
         gen("class-default", rot, True, 2),
         gen("reference", ref, True, 1, batch=64),

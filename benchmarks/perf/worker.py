@@ -201,6 +201,10 @@ def main(argv=None) -> None:
                                                           "graph"],
                    help="generate: default (no strategy given, what users get) or a strategy (ours only)")
     p.add_argument("--device", default="cpu", help="generate: cpu or cuda")
+    p.add_argument("--product-kinds", default=None, choices=["linear", "wt", "onednn"],
+                   help="generate, ours: the few-row float32 product layout up to 32 rows in this process "
+                        "(dalle_lab.model.linear.PRODUCT_KINDS) instead of this CPU's default: a candidate measured "
+                        "side by side before it becomes a default")
     p.add_argument("--matmul-n", type=int, default=2048)
     args = p.parse_args(argv)
 
@@ -224,7 +228,11 @@ def main(argv=None) -> None:
             result.update(dtype=args.dtype, batch=args.batch,
                           **measure_train(bench, args.batch, args.dtype, args.warmup, args.steps))
         else:
-            result.update(use_cache=bool(args.use_cache),
+            if args.product_kinds:
+                from dalle_lab.model import linear
+
+                linear.PRODUCT_KINDS = ((32, args.product_kinds),)
+            result.update(use_cache=bool(args.use_cache), product_kinds=args.product_kinds,
                           **measure_generate(bench, args.batch, bool(args.use_cache), args.filter_thres, args.reps,
                                              args.decode, args.device))
     result["peak_rss_mb"] = peak_rss_mb()
