@@ -37,6 +37,7 @@ from results_file import git_commit, write_results  # noqa: E402
 from dalle_lab.generate import GenerationConfig, threads  # noqa: E402
 from dalle_lab.generate.decoder import Decoder  # noqa: E402
 from dalle_lab.model import DALLE, linear  # noqa: E402
+from dalle_lab.utils import cpu_has_native_bf16  # noqa: E402
 
 BATCH, TOP_K = 4, 10
 KINDS = ("linear", "wt", "onednn")
@@ -171,6 +172,7 @@ def main(argv=None) -> int:
     meta = dict(command=" ".join([sys.executable, *sys.argv]), commit=git_commit(), config=REFERENCE,
                 batch=BATCH, top_k=TOP_K, product_kinds=DEFAULT_KINDS, dtype="float32", torch=torch.__version__,
                 omp_wait_policy=os.environ.get("OMP_WAIT_POLICY"), loadavg_start=loadavg(),
+                cpu_capability=torch.backends.cpu.get_cpu_capability(), cpu_has_native_bf16=cpu_has_native_bf16(),
                 started=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()))
     results = {}
     for name in args.levers:
