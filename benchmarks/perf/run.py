@@ -64,16 +64,18 @@ def plan(quick: bool, peer: bool, default_config: dict) -> list[list[Job]]:
         return [Job(f"train/{cfg_name}/{dtype}", i, ["--task", "train", *cfg, "--dtype", dtype,
                                                      "--steps", str(steps), "--warmup", str(warmup)]) for i in who]
 
-    def gen(cfg_name, cfg, cache, reps, who=impls, batch=4, decode="default", kinds=None):
+    def gen(cfg_name, cfg, cache, reps, who=impls, batch=4, decode="default", kinds=None, threads=None):
         # decode "default": generate_images with no strategy, as users call it (the peer's only way); kinds: a
-        # candidate product layout (worker.py --product-kinds)
+        # candidate product layout (worker.py --product-kinds); threads: this job's torch threads, not --threads
         name = ("cached" if cache else "uncached") + ("" if batch == 4 else f"/b{batch}")
         name += "" if decode == "default" else f"/{decode}"
         name += "" if kinds is None else f"/products-{kinds}"
+        name += "" if threads is None else f"/threads{threads}"
         return [Job(f"generate/{cfg_name}/{name}", i,
                     ["--task", "generate", *cfg, "--use-cache", str(int(cache)), "--batch", str(batch),
                      "--reps", str(reps), "--decode", decode,
-                     *([] if kinds is None else ["--product-kinds", kinds])]) for i in who]
+                     *([] if kinds is None else ["--product-kinds", kinds]),
+                     *([] if threads is None else ["--threads", str(threads)])]) for i in who]
 
     ceiling = [[Job("matmul", "ours", ["--task", "matmul", "--reps", "3" if quick else "10"])]]
     plain = ["peer-plain"] if peer else []
@@ -99,7 +101,8 @@ def plan(quick: bool, peer: bool, default_config: dict) -> list[list[Job]]:
         gen("reference", ref, True, 2) + gen("reference", ref, True, 2, who=plain)
         + gen("reference", ref, True, 2, who=["ours"], decode="speculative")
         + gen("reference", ref, True, 2, who=["ours"], decode="compiled")
-        + sum((gen("reference", ref, True, 2, who=["ours"], kinds=kinds) for kinds in ("wt", "linear")), []),
+        + sum((gen("reference", ref, True, 2, who=["ours"], kinds=kinds) for kinds in ("wt", "linear")), [])
+        + gen("reference", ref, True, 2, who=["ours"], kinds="wt", threads=1),
         # a DALLE-pytorch class-default architecture (rotary embeddings and token shift on) on both sides
         gen("class-default", rot, True, 2),
         gen("reference", ref, True, 1, batch=64),
