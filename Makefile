@@ -24,4 +24,4 @@ test-fast: install
 	$(PY) -m pytest -q -n 2 tests
 
 quick-bench: install
-	$(PY) benchmarks/perf/run.py --quick
+	$(PY) -m lab.perf.run --quick

@@ -17,10 +17,10 @@ OUT_DIR=${OUT_DIR:-outputs}
 # - No GPU: the step budget fits the demo in about 10 minutes of training on 2 CPU cores. Where the processor
 #   computes bfloat16 natively (avx512_bf16 / AMX) a step under bf16 autocast is ~3x cheaper than in float32, so such
 #   machines train train_dalle.py's full 1800 steps; elsewhere (AVX2-only CPUs) --amp resolves to float32 and the
-#   demo trains DEMO_FP32_STEPS of global batch 32 (reports/recipe/runs/fp32_*: calibration). There it trains as
+#   demo trains DEMO_FP32_STEPS of global batch 32 (lab/studies/recipe/results/runs/fp32_*: calibration). There it trains as
 #   DEMO_PROCESSES=2 DDP processes of batch 16 (torchrun; cores/2 threads each), the same steps and sample stream:
 #   on 2 idle cores 1.05x faster in the loop than one process with both threads
-#   (reports/recipe/cpu_processes_speed-20261203-1509.json; DEMO_PROCESSES=1 trains in one process).
+#   (lab/perf/results/cpu_processes_speed-20261203-1509.json; DEMO_PROCESSES=1 trains in one process).
 # With several processes a --batch_size given to scripts/demo.sh is per process.
 # DALLE_LAB_CPU_BF16=1 or 0 makes this script (and the package) treat the CPU as having native bf16 or not;
 # DEMO_DRY_RUN=1 prints the two commands instead of running them (tests/test_cpu_kinds.py checks every recipe).
@@ -111,4 +111,4 @@ if [ -n "${DEMO_DRY_RUN:-}" ]; then exit 0; fi
 echo
 echo "checkpoint: $RUN_DIR/dalle.pt   samples during training: $RUN_DIR/samples/"
 echo "generated images: $OUT_DIR/<caption>/*.png (grid.png per caption), index: $OUT_DIR/manifest.jsonl"
-echo "measure quality: $PY benchmarks/dalle_quality.py --dalle_path $RUN_DIR/dalle.pt"
+echo "measure quality: $PY -m dalle_lab.quality --dalle_path $RUN_DIR/dalle.pt"

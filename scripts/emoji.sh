@@ -11,7 +11,7 @@ OUT_DIR=${OUT_DIR:-outputs/emoji}
     --save_every_n_steps 500 --keep_n_checkpoints 0 --output_dir "$RUN_DIR" "$@"
 "$PY" generate.py --dalle_path "$RUN_DIR/dalle.pt" --outputs_dir "$OUT_DIR" --num_images 8 \
     --text "woman firefighter medium skin tone|man raising hand medium-dark skin tone|red apple|smiling cat with heart-eyes"
-"$PY" benchmarks/emoji_quality.py --dalle_path "$RUN_DIR/dalle.pt" --grid "$OUT_DIR/unseen_names.png" \
+"$PY" -m lab.studies.emoji.quality --dalle_path "$RUN_DIR/dalle.pt" --grid "$OUT_DIR/unseen_names.png" \
     --json "$OUT_DIR/quality.json"
 echo
 echo "checkpoint: $RUN_DIR/dalle.pt   generated images: $OUT_DIR/<name>/   grid: $OUT_DIR/unseen_names.png"

@@ -9,7 +9,7 @@
 #    fp16 with loss scaling, DeepSpeed, CUDA-graph decoding, generate.py, the demo recipe;
 # 3. the demo on the GPU, shortened to DEMO_CHECK_STEPS steps (default 300): it prints the recipe it chose, trains,
 #    generates; the log shows the training speed;
-# 4. the decoding paths side by side on the GPU (benchmarks/perf/run.py --device cuda --quick: the default, CUDA graph,
+# 4. the decoding paths side by side on the GPU (python -m lab.perf.run --device cuda --quick: the default, CUDA graph,
 #    speculative), its results file in GPU_CHECK_DIR.
 # Without CUDA it says so and exits 0. Each stage has a time limit (300 s in all); a failed stage does not stop
 # the next, and the exit status is 1 if any failed. Install first where needed: PYTHON=/path/python scripts/install.sh.
@@ -55,9 +55,7 @@ print(f'torch {torch.__version__}, CUDA {torch.version.cuda}, Python {platform.p
 stage tests 120 "$PY" -m pytest -q -p no:cacheprovider tests/test_cuda.py
 stage demo 70 env RUN_DIR="$OUT/demo_run" OUT_DIR="$OUT/demo_outputs" PYTHON="$PY" bash scripts/demo.sh \
     --max_steps "$STEPS" --warmup_steps 50 --sample_every_n_steps 0
-perf=(benchmarks/perf/run.py)
-[ -f lab/perf/run.py ] && perf=(-m lab.perf.run)  # where the lab keeps it once benchmarks/ moves to lab/ (issue 36)
-stage side_by_side 80 "$PY" "${perf[@]}" --device cuda --quick --no-peer --json "$OUT/perf_cuda.json"
+stage side_by_side 80 "$PY" -m lab.perf.run --device cuda --quick --no-peer --json "$OUT/perf_cuda.json"
 
 if (( ${#failed[@]} )); then
     echo "[gpu_check] FAILED: ${failed[*]}; logs in $OUT/"

@@ -13,7 +13,8 @@ ROOT = Path(__file__).resolve().parents[1]
 NOT_PRESET = {"seed"}
 
 
-@pytest.mark.parametrize("name, results", [("jpeg_protected", "reports/align/kl_sweep_jpeg_protected_96.json")])
+@pytest.mark.parametrize("name, results",
+                         [("jpeg_protected", "lab/studies/align/results/kl_sweep_jpeg_protected_96.json")])
 def test_preset_is_the_configuration_that_was_measured(name, results):
     runs = json.loads((ROOT / results).read_text())["runs"]
     config = to_dict(preset(name))

@@ -1,6 +1,6 @@
 """How much of a low-precision reward's gain is real: the paired arithmetic (dalle_lab/precision/gap_stats.py) on
-numbers worked by hand, and benchmarks/precision_finetune_gap.py's wiring on a tiny checkpoint with clip_score."""
-import importlib.util
+numbers worked by hand, and lab/studies/parity/finetune_gap.py's wiring on a tiny checkpoint with clip_score."""
+import importlib
 import json
 import math
 from pathlib import Path
@@ -64,11 +64,7 @@ def test_seed_summary_t_intervals_verdicts_and_pairing():
 
 @pytest.fixture(scope="module")
 def benchmark():
-    spec = importlib.util.spec_from_file_location("precision_finetune_gap_script",
-                                                  ROOT / "benchmarks" / "precision_finetune_gap.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return importlib.import_module("lab.studies.parity.finetune_gap")
 
 
 @pytest.fixture(scope="module")

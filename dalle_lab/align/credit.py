@@ -4,11 +4,11 @@ A policy gradient that gives every token of an image the image's advantage pays,
 token. On the built-in Shapes data most of an image is plain background, and the VQGAN draws a plain background
 cell with several near-equivalent codes: on the float32 demo model, 75 % of the tokens sampled with the
 faithfulness preset are background cells, at 0.92 nats of sampling entropy each against 2.13 on content cells, 56 %
-of all the sampled entropy (`python benchmarks/align_token_credit.py` -> reports/align/token_credit_entropy.json).
+of all the sampled entropy (`python -m lab.studies.align.token_credit` -> lab/studies/align/results/token_credit_entropy.json).
 Which of those codes was drawn does not change the reward, so their share of the gradient is noise.
 
 Measured, it is not the noise that matters: the gradients of two independent 128-image epochs are as unrelated with
-content credit as without (cosine about 0.01 either way, `benchmarks/align_gradient_noise.py`); the sampled content
+content credit as without (cosine about 0.01 either way, `lab/studies/align/gradient_noise.py`); the sampled content
 cells, at 2.1 nats each, carry most of the score-function noise themselves. The option stays for rewards whose
 signal sits in few cells of a plain background.
 

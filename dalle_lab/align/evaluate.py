@@ -1,5 +1,5 @@
 """Measuring a (fine-tuned) model on fresh samples: reward mean and standard error, Shapes checker accuracy and
-exact match, and the KL to a reference model. Used by benchmarks/align_targets.py and docs/align.md's numbers."""
+exact match, and the KL to a reference model. Used by lab/studies/align/targets.py and docs/align.md's numbers."""
 from __future__ import annotations
 
 import math

@@ -5,7 +5,7 @@ what the gain cost:
 
 - `kl_ref_image`: KL to the starting model, nats per image (the exact per-token KL of the plain conditional
   distributions, summed over the image, at the evaluation samples' prefixes);
-- `loss_img`: the image loss on real validation images (dalle_lab.experiments.shapes_eval.heldout_losses): forgetting;
+- `loss_img`: the image loss on real validation images (dalle_lab.evaluate.shapes.heldout_losses): forgetting;
 - diversity among `eval_diversity_samples` samples of one caption: the fraction of distinct token sequences and the
   mean pairwise pixel distance (mean absolute difference in [0, 1]).
 
@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -25,6 +24,7 @@ import numpy as np
 import torch
 
 from dalle_lab.generate import generate
+from dalle_lab.provenance import git_state
 from dalle_lab.vae.images import decode_images
 
 EVAL_SEED = 4321  # sampling seed of the evaluations (kept apart from the run's seed: same captions, same noise)
@@ -157,7 +157,7 @@ class RunEvaluator:
         cfg = self.config
         vae = trainer.dalle.vae
         if cfg.eval_loss_images and hasattr(vae, "get_codebook_indices"):
-            from dalle_lab.experiments.shapes_eval import heldout_losses
+            from dalle_lab.evaluate.shapes import heldout_losses
 
             losses = heldout_losses(trainer.dalle, vae, trainer.tokenizer, "val", cfg.eval_loss_images,
                                     batch_size=trainer.config.train_batch_size)
@@ -172,21 +172,6 @@ class RunEvaluator:
 
 # ---------------------------------------------------------------- the run's results file
 
-def git_commit(directory: Path | None = None) -> dict:
-    """{"commit", "dirty"} of the checkout the package runs from (None when it is not a git checkout)."""
-    directory = directory or Path(__file__).resolve().parents[2]
-
-    def git(*args):
-        try:
-            return subprocess.run(["git", *args], cwd=directory, capture_output=True, text=True, timeout=10,
-                                  check=True).stdout.strip()
-        except (OSError, subprocess.SubprocessError):
-            return None
-
-    status = git("status", "--porcelain", "--untracked-files=no")
-    return {"commit": git("rev-parse", "HEAD"), "dirty": None if status is None else bool(status)}
-
-
 def write_results(path, trainer, argv: Sequence[str] | None, stop_reason: str, wall_s: float) -> Path:
     """results.json: what a reader needs to trust a number: command, config, commit, machine load, the evaluations
     before and after (and every one in between), and why the run stopped."""
@@ -197,7 +182,7 @@ def write_results(path, trainer, argv: Sequence[str] | None, stop_reason: str, w
     record = {
         "command": None if argv is None else [sys.executable.rsplit("/", 1)[-1], "-m", "dalle_lab.align", *argv],
         "config": to_dict(trainer.config),
-        "git": git_commit(),
+        "git": git_state(),
         "torch_threads": torch.get_num_threads(),
         "cpu_count": os.cpu_count(),
         "load_average_end": os.getloadavg(),

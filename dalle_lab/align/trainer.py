@@ -37,7 +37,7 @@ from dalle_lab.vae.images import decode_images
 def make_optimizer(parameters, config: AlignConfig):
     """AdamW, or SGD with momentum (config.optimizer). Why SGD: Adam moves every weight by about `lr` per step
     whatever the gradient's signal-to-noise ratio, and one epoch's RL gradient is mostly noise
-    (reports/align/gradient_noise.json), so Adam turns it into a random walk of every weight; SGD's step is
+    (lab/studies/align/results/gradient_noise.json), so Adam turns it into a random walk of every weight; SGD's step is
     proportional to the gradient, so the weights with small, inconsistent gradients move little."""
     if config.optimizer == "sgd":
         return torch.optim.SGD(parameters, lr=config.lr, momentum=config.momentum, weight_decay=config.weight_decay)

@@ -2,8 +2,8 @@
 
 The sampling fields decide WHICH images come out for a seed; the strategy decides only how fast (every one-token
 strategy samples the module path's tokens for a fixed seed; speculative decoding draws other tokens from the same
-distribution). The defaults are generate.py's: calibrated on the main job's model (reports/recipe/), where guidance
-2 lifted exact match on unseen captions the most and 3 and more lost accuracy again. `DALLE.generate_images` keeps
+distribution). The defaults are generate.py's: calibrated on the main job's model (lab/studies/recipe/), where
+guidance 2 lifted exact match on unseen captions the most and 3 and more lost accuracy again. `DALLE.generate_images` keeps
 DALLE-pytorch's neutral defaults instead (temperature 1, no filtering, no guidance) and builds its config from them.
 """
 from __future__ import annotations

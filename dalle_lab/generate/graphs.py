@@ -7,7 +7,7 @@ with a position mask (kv_len = max_len), and input buffers the caller copies int
 graph (it is cheap and keeps its own RNG stream).
 
 On the CPU `GraphedStep` runs the same fixed-shape step without capture, which is how its arithmetic is tested
-against the module path (tests/test_generate_strategies.py); on a GPU, `benchmarks/perf/run.py --device cuda`
+against the module path (tests/test_generate_strategies.py); on a GPU, `lab/perf/run.py --device cuda`
 measures it.
 """
 from __future__ import annotations

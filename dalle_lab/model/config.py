@@ -17,7 +17,7 @@ STYLES = ("dalle_lab", "dallepytorch")
 @dataclass
 class DALLEConfig:
     # width 192 (6 heads of 32): at the main job's fixed minutes, 2000 steps of this model beat 1200 of width 256
-    # on unseen captions (reports/recipe/: more optimizer steps were the lever, not width)
+    # on unseen captions (lab/studies/recipe/results/: more optimizer steps were the lever, not width)
     dim: int = 192  # model width
     depth: int = 4  # number of transformer blocks
     heads: int = 6

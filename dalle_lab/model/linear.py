@@ -8,10 +8,10 @@ layout on every call. Packing each weight once per generation (`packed_linears`)
 - bfloat16 (under CPU autocast, or a bf16 model): oneDNN's prepacked linear, which runs on AMX / avx512_bf16 where
   the CPU has them, and gives bit-identical results to F.linear in bfloat16 (it is the same kernel, minus the
   reorder; autocast's per-call float32 -> bfloat16 weight copy goes away too).
-What each kernel costs is in docs/performance.md (benchmarks/perf/decode_levers.py): bf16 prepacked is the clear
+What each kernel costs is in docs/performance.md (lab/perf/decode_levers.py): bf16 prepacked is the clear
 gain (the 16 products of a reference step at 4 rows 2.39 -> 1.42 ms, at 20 rows 3.00 -> 1.82 ms); float32
 packing did not pay on the Zen 4 machine at load 19 (MKL packed 2.52 -> 2.69 ms) but oneDNN-prepacked fp32 did on
-an AVX2 Zen 3 (3.05 -> 2.26 ms for the 17 products at 4 rows, benchmarks/perf/step_profile.py). The transposed
+an AVX2 Zen 3 (3.05 -> 2.26 ms for the 17 products at 4 rows, lab/perf/step_profile.py). The transposed
 product W @ x^T this class used before was slowest on the Xeon (3.86 ms) and is gone.
 Same parameters and state_dict keys as nn.Linear, so it is a drop-in replacement; packing never changes them.
 """
@@ -28,7 +28,7 @@ from dalle_lab.utils import cpu_has_native_bf16
 # How a float32 product of a few rows multiplies by a weight, by row count: the first (max_rows, kind) entry with
 # rows <= max_rows applies, F.linear past the last. Kinds: "linear" (F.linear's addmm with a transposed view of W),
 # "wt" (addmm with a contiguous W^T copy), "onednn" (the weight prepacked once per generation for oneDNN's fp32
-# linear). Chosen by benchmarks/perf/step_profile.py --levers transpose generation (docs/performance.md): on an
+# linear). Chosen by lab/perf/step_profile.py --levers transpose generation (docs/performance.md): on an
 # AVX2 Zen 3 the 17 products of a step at 4 rows took 3.05 ms with F.linear, 1.99-2.98 with W^T copies, 2.26-2.44
 # oneDNN-prepacked; whole generations with oneDNN beat W^T in 6 of 6 paired rounds; at 64 rows all three tie.
 PRODUCT_KINDS: tuple[tuple[int, str], ...] = ((32, "onednn"),)

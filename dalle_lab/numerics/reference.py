@@ -5,7 +5,7 @@ taken on bfloat16-rounded operands and summed in float64, every other op in floa
 kernels use), as a TPU does in its own order. The two agree to float32 summation error wherever no rounding decision
 flips; because rounding to bfloat16 is discontinuous, a last-bit difference in one product's output can move the
 next product's operand by a whole bfloat16 step, so the gap also measures how sensitive a model is to summation order
-(benchmarks/precision_sum_order.py; tests/test_numerics.py checks the tiny case).
+(lab/studies/parity/sum_order.py; tests/test_numerics.py checks the tiny case).
 
 Layout: transformers' CLIPVisionModelWithProjection (patch convolution without bias, class token, learned positions,
 pre-LayerNorm, pre-norm blocks of attention and a two-layer MLP, post-LayerNorm of the class token, projection).

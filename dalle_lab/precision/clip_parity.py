@@ -7,7 +7,7 @@ that precision computes) and with only the image tower in it (the caption embedd
 could be kept in float32), the Spearman rank correlation of the scores, and whether retrieval (each caption's best
 image among all) still picks the same images.
 
-    python -m dalle_lab.precision.clip_parity --out reports/parity/trained_clip            # rendered Shapes images
+    python -m dalle_lab.precision.clip_parity --out lab/studies/parity/results/trained_clip            # rendered Shapes images
     python -m dalle_lab.precision.clip_parity --dalle_path runs/dalle/dalle.pt --out ...    # and DALLE samples
 """
 from __future__ import annotations

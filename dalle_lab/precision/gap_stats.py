@@ -1,5 +1,5 @@
 """How much of a fine-tuning gain measured with a low-precision reward is real: the arithmetic of
-benchmarks/precision_finetune_gap.py, kept apart so it can be tested exactly.
+lab/studies/parity/finetune_gap.py, kept apart so it can be tested exactly.
 
 Each fine-tuned model is evaluated on the same prompts with the same sampling noise as its starting model (common
 random numbers), and every image is scored twice, in float32 and in the low precision. Per image i:
@@ -19,7 +19,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from dalle_lab.experiments.stats import mean_ci
+from dalle_lab.stats import mean_ci
 
 MEASURES = ("apparent", "real", "artefact")
 # summary keys of the low-precision run minus the float32-reward control, paired by seed
@@ -48,7 +48,7 @@ def paired_gains(before: Mapping[str, Sequence[float]], after: Mapping[str, Sequ
 
 
 def verdict(interval) -> str:
-    """Whether a 95 % interval (an experiments.stats.Interval) excludes zero."""
+    """Whether a 95 % interval (a dalle_lab.stats.Interval) excludes zero."""
     if not math.isfinite(interval.half_width):
         return "one seed: no interval"
     if interval.low > 0:

@@ -1,0 +1,396 @@
+"""The CogView loss-weighting study: does weighting the text loss like the image loss (loss_img_weight 1, CogView)
+instead of 7 (DALL-E) change what a text-to-image transformer learns, and does a longer text context matter?
+
+    python -m lab.studies.loss_weighting.run            # (2 weights x 2 text_seq_len + 2 noisy) x 3 seeds
+    python -m lab.studies.loss_weighting.run --quick    # the small study: 2 x 2 x 3 runs of a 1M model
+
+Every run trains the same model on the built-in Shapes data through the library's training loop
+(dalle_lab.training.loop.train) at equal compute: the same optimizer steps, batch size and learning-rate schedule,
+and, for a given seed, the identical stream of training samples and the same initial weights wherever the shapes
+agree. Then it measures held-out losses (text and image parts) and the Shapes checker's scores of images generated for
+validation captions and held-out compositions. The report (markdown table, plots, JSON) aggregates the seeds with
+t-based 95 % confidence intervals and Welch t-tests (see docs/experiments.md).
+
+Resumable: each finished run leaves <runs_dir>/<setting>/seed<k>/result.json and is not redone; an interrupted run
+continues from its last checkpoint. The report is rewritten after every finished run (labelled partial until all
+runs are done), so a study stopped early still leaves a readable report of what it finished.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+
+from .runs import (RESULT_FILE, collect_cached, final_train_losses, import_results, load_cached,
+                                  read_curves, run_dir, run_identity)
+from dalle_lab.evaluate.shapes import EvalSettings
+SAMPLES_FILE = "samples.npz"  # a few generated images per split (uint8), for the report's sample figure
+SAMPLES_KEPT = 8
+IMAGE_TOKENIZERS = ("default", "patch")
+PATCH_TOKENIZER_FILE = "patch_tokenizer.pt"
+
+
+@dataclass(frozen=True)
+class Setting:
+    loss_img_weight: float
+    text_seq_len: int
+    caption_noise: float = 0.0  # share of training captions with one attribute changed (TrainConfig.caption_noise)
+
+    @property
+    def name(self) -> str:  # a directory name
+        noise = f"_noise{self.caption_noise:g}" if self.caption_noise else ""
+        return f"w{self.loss_img_weight:g}_T{self.text_seq_len}{noise}"
+
+    @property
+    def label(self) -> str:  # for tables and plots
+        noise = f", noise {self.caption_noise:.0%}" if self.caption_noise else ""
+        return f"w={self.loss_img_weight:g}, T={self.text_seq_len}{noise}"
+
+
+@dataclass
+class StudyConfig:
+    """Every setting of the study. Defaults: the main job's model and schedule, shortened to `steps` (about 1.5 h
+    on 2 free cores, 2 runs at a time); `--quick` (QUICK) is the small study that runs in under half of that."""
+
+    # the grid
+    loss_img_weights: tuple[float, ...] = (1.0, 7.0)
+    text_seq_lens: tuple[int, ...] = (16, 64)  # Shapes captions are at most 12 tokens with the shipped vocab
+    seeds: int = 3  # seeds 0 .. seeds-1; a seed fixes the initial weights and the training sample stream
+    # the caption-noise arm: every weight again at noise_text_seq_len, trained on captions of which this share has
+    # one attribute changed (does the best weighting depend on how noisy the captions are?); 0 = no such arm
+    caption_noise: float = 0.25
+    noise_text_seq_len: int = 16
+    # the model (DALLEConfig fields; the rest keep DALLEConfig's defaults, i.e. the main job's model)
+    dim: int = 192
+    depth: int = 4
+    heads: int = 6
+    dim_head: int = 32
+    # training (TrainConfig fields): the main job's float32 schedule (scripts/demo.sh) shortened from 1000 steps
+    steps: int = 600
+    batch_size: int = 32
+    learning_rate: float = 1e-3
+    warmup_steps: int = 50
+    amp: bool = False
+    device: str = "auto"
+    log_every_n_steps: int = 5  # loss-curve resolution
+    save_every_n_steps: int = 100  # checkpoint interval: how much a killed run loses
+    # evaluation
+    eval: EvalSettings = field(default_factory=EvalSettings)
+    # files
+    out_dir: str = "lab/studies/loss_weighting/results"
+    runs_dir: str = "runs/loss_weighting"
+    # the image tokenizer: "default" = dalle_lab.vae.default_vae() (the shipped Shapes VQGAN), "patch" = a k-means
+    # patch codebook fit in seconds (patch_tokenizer.py), for when the VQGAN is not available; VQGAN paths override
+    image_tokenizer: str = "default"
+    vqgan_model_path: str | None = None
+    vqgan_config_path: str | None = None
+    bpe_path: str | None = None  # None: the shipped vocabulary
+    note: str | None = None  # a paragraph put at the top of the report (e.g. how this run departed from defaults)
+    # execution
+    workers: int = 2  # runs trained at the same time (separate processes)
+    threads: int = 1  # torch threads per run
+    progress: bool = True
+
+    def settings(self) -> list[Setting]:
+        grid = [Setting(float(w), int(t)) for t in self.text_seq_lens for w in self.loss_img_weights]
+        noisy = [Setting(float(w), int(self.noise_text_seq_len), float(self.caption_noise))
+                 for w in self.loss_img_weights] if self.caption_noise > 0 else []
+        return grid + noisy
+
+    def tasks(self) -> list[tuple[Setting, int]]:
+        """Every (setting, seed), seed-major: a study stopped early has the same seeds for every setting."""
+        return [(setting, seed) for seed in range(self.seeds) for setting in self.settings()]
+
+    def model_overrides(self, setting: Setting) -> dict:
+        return dict(dim=self.dim, depth=self.depth, heads=self.heads, dim_head=self.dim_head,
+                    text_seq_len=setting.text_seq_len, loss_img_weight=setting.loss_img_weight)
+
+    def quick(self) -> "StudyConfig":
+        return StudyConfig(**{**asdict(self), "eval": self.eval, **QUICK})
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def check(self) -> None:
+        if self.seeds < 1:
+            raise ValueError(f"--seeds must be at least 1, got {self.seeds} (use 3 or more for confidence intervals)")
+        if not self.loss_img_weights or not self.text_seq_lens:
+            raise ValueError("give at least one --loss_img_weights value and one --text_seq_lens value")
+        if not 0 <= self.caption_noise < 1:
+            raise ValueError(f"--caption_noise must be in [0, 1), got {self.caption_noise}")
+        if self.steps < 1 or self.batch_size < 1 or self.workers < 1 or self.threads < 1:
+            raise ValueError("--steps, --batch_size, --workers and --threads must be positive")
+        if self.image_tokenizer not in IMAGE_TOKENIZERS:
+            raise ValueError(f"--image_tokenizer must be one of {IMAGE_TOKENIZERS}, got {self.image_tokenizer!r}")
+        if (self.vqgan_model_path is None) != (self.vqgan_config_path is None):
+            raise ValueError("give both --vqgan_model_path (.ckpt) and --vqgan_config_path (.yaml), or neither for "
+                             "the default Shapes image tokenizer")
+
+
+# The small study (the report of 30 Nov 2026, tests): a 1M-parameter model, 250 steps, no caption-noise arm
+QUICK = dict(dim=128, depth=3, heads=4, dim_head=32, steps=250, warmup_steps=25, caption_noise=0.0,
+             out_dir="lab/studies/loss_weighting/results_quick", runs_dir="runs/loss_weighting_quick")
+
+
+# ------------------------------------------------------------------------------------------------ one run
+
+def run_one(config: StudyConfig, setting: Setting, seed: int, image_tokenizer: dict) -> dict:
+    """Train and evaluate one (setting, seed), or return its cached result. Runs in a worker process."""
+    import numpy as np
+    import torch
+
+    from dalle_lab.tokenizers import get_tokenizer
+    from dalle_lab.training.checkpoint import build_model, load_model_state, read_checkpoint
+    from dalle_lab.training.config import TrainConfig
+    from dalle_lab.training.loop import train
+    from dalle_lab.utils import atomic_write, pick_device
+    from dalle_lab.viz.grid import to_uint8
+
+    from dalle_lab.viz.attention_words import caption_word_attention
+    from dalle_lab.evaluate.shapes import evaluate_model
+
+    torch.set_num_threads(config.threads)
+    directory = run_dir(config, setting, seed)
+    tokenizer = get_tokenizer(config.bpe_path)
+    vae = load_image_tokenizer(image_tokenizer)
+    identity = run_identity(config, setting, seed, vae.identity, tokenizer.identity)
+    cached = load_cached(directory / RESULT_FILE, identity)
+    if cached is not None:
+        cached["cached"] = True
+        return cached
+
+    # a killed run is continued only by the same settings (its checkpoint alone would not say, e.g., the step budget)
+    started_with = directory / "identity.json"
+    latest = directory / "dalle.pt"
+    if latest.is_file():
+        load_cached(started_with, identity, key=None)
+    directory.mkdir(parents=True, exist_ok=True)
+    atomic_write(started_with, lambda tmp: Path(tmp).write_text(json.dumps(identity, indent=1)))
+    train_config = TrainConfig(
+        bpe_path=config.bpe_path,  # the image tokenizer is passed as an object below
+        caption_noise=setting.caption_noise,
+        max_steps=config.steps, batch_size=config.batch_size, learning_rate=config.learning_rate,
+        warmup_steps=config.warmup_steps, amp=config.amp, device=config.device, seed=seed,
+        output_dir=str(directory), save_every_n_steps=config.save_every_n_steps, keep_n_checkpoints=1,
+        sample_every_n_steps=0, log_every_n_steps=config.log_every_n_steps, progress=False,
+        resume="latest" if latest.is_file() else None)
+    started = time.monotonic()
+    trained = train(train_config, config.model_overrides(setting), tokenizer=tokenizer, vae=vae)
+    train_seconds = time.monotonic() - started
+
+    checkpoint = read_checkpoint(trained.checkpoint_path)
+    model = build_model(checkpoint["config"], vae=vae)
+    load_model_state(model, checkpoint["model"], trained.checkpoint_path)
+    model.to(pick_device(config.device)).eval()  # .to() moves the vae with it
+    started = time.monotonic()
+    numbers, images = evaluate_model(model, vae, tokenizer, config.eval)
+    # where the image tokens look among the caption's words, layer by layer (the discussion's "heatmap" question)
+    numbers["attention_words"] = caption_word_attention(model, vae, tokenizer, split="val", n=config.eval.n_val,
+                                                        seed=config.eval.seed, batch_size=config.eval.batch_size)
+    eval_seconds = time.monotonic() - started
+
+    curves = read_curves(directory / "dalle-metrics.jsonl")
+    result = {
+        "identity": identity, "setting": setting.name, "label": setting.label, "seed": seed,
+        "train": {"steps": trained.step, "seconds_this_session": train_seconds,
+                  "resumed": train_config.resume is not None, "nonfinite_skipped": trained.nonfinite_skipped,
+                  "samples_seen": trained.step * config.batch_size,
+                  "tokens_per_sample": setting.text_seq_len + model.config.image_seq_len,
+                  "final": final_train_losses(curves)},
+        "eval": numbers, "eval_seconds": eval_seconds, "curves": curves,
+        "image_tokenizer": {"model_path": vae.identity["model_path"], "sha256": vae.identity["sha256"]},
+    }
+    kept = {split: to_uint8(batch[:SAMPLES_KEPT]) for split, batch in images.items() if batch is not None}
+    np.savez_compressed(directory / SAMPLES_FILE, **kept)
+    atomic_write(directory / RESULT_FILE, lambda tmp: Path(tmp).write_text(json.dumps(result, indent=1)))
+    result["cached"] = False
+    return result
+
+
+def _run_one_safely(config, setting, seed, image_tokenizer):
+    """Worker entry: a failed run is reported, not fatal to the others."""
+    try:
+        return run_one(config, setting, seed, image_tokenizer), None
+    except Exception as error:  # noqa: BLE001 (reported with its type; the study goes on)
+        import traceback
+
+        return None, f"{type(error).__name__}: {error}\n{traceback.format_exc()}"
+
+
+# ------------------------------------------------------------------------------------------------ the study
+
+def resolve_image_tokenizer(config: StudyConfig) -> dict:
+    """Which image tokenizer the runs load, as a small picklable spec. Resolved once in the parent, so worker
+    processes never train or fit one at the same time."""
+    if config.vqgan_model_path:
+        return {"kind": "vqgan", "paths": [str(config.vqgan_model_path), str(config.vqgan_config_path)]}
+    if config.image_tokenizer == "patch":
+        from .patch_tokenizer import fit_patch_tokenizer
+
+        path = Path(config.runs_dir) / PATCH_TOKENIZER_FILE
+        if not path.is_file():
+            fit_patch_tokenizer(path)
+        return {"kind": "patch", "path": str(path)}
+    from dalle_lab.vae import default_vae
+
+    identity = default_vae().identity
+    return {"kind": "vqgan", "paths": [str(identity["model_path"]), str(identity["config_path"])]}
+
+
+def load_image_tokenizer(spec: dict):
+    if spec["kind"] == "patch":
+        from .patch_tokenizer import PatchCodebookTokenizer
+
+        return PatchCodebookTokenizer.load(spec["path"])
+    from dalle_lab.vae import VQGanVAE
+
+    return VQGanVAE(*spec["paths"])
+
+
+def run_study(config: StudyConfig, log=print, report_every_s: float = 60.0) -> dict:
+    """Run every (setting, seed) not yet cached, `config.workers` at a time. The report is rewritten after a
+    finished run when `report_every_s` have passed since the last one (plots take seconds), and at the end.
+    Returns {"results": [...], "failures": [...], "report": path}."""
+    from .report import write_report
+
+    config.check()
+    image_tokenizer = resolve_image_tokenizer(config)
+    tasks = config.tasks()
+    results, failures = [], []
+    started = last_report = time.monotonic()
+
+    def finished(task, outcome):
+        nonlocal last_report
+        (setting, seed), (result, error) = task, outcome
+        done = len(results) + len(failures) + 1
+        if error is not None:
+            failures.append({"setting": setting.name, "seed": seed, "error": error})
+            log(f"[{done}/{len(tasks)}] {setting.label} seed {seed} FAILED: {error.splitlines()[0]}")
+            return
+        results.append(result)
+        ev = result["eval"]
+        log(f"[{done}/{len(tasks)}] {setting.label} seed {seed}{' (cached)' if result.get('cached') else ''}: "
+            f"val accuracy {ev['val'].get('accuracy', math.nan):.3f}, heldout accuracy "
+            f"{ev['heldout'].get('accuracy', math.nan):.3f}, val loss_img {ev['val']['loss_img']:.3f} "
+            f"[{(time.monotonic() - started) / 60:.1f} min]")
+        if time.monotonic() - last_report >= report_every_s:
+            write_report(config, results, len(tasks), failures)
+            last_report = time.monotonic()
+
+    if config.workers == 1:
+        for task in tasks:
+            finished(task, _run_one_safely(config, *task, image_tokenizer))
+    else:
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor, as_completed
+
+        # spawn: a fresh interpreter per worker (no forked torch thread pools), threads set per run
+        with ProcessPoolExecutor(config.workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+            futures = {pool.submit(_run_one_safely, config, *task, image_tokenizer): task for task in tasks}
+            for future in as_completed(futures):
+                finished(futures[future], future.result())
+    report = write_report(config, results, len(tasks), failures)
+    return {"results": results, "failures": failures, "report": report}
+
+
+# ------------------------------------------------------------------------------------------------ command line
+
+def build_parser(quick: bool = False) -> argparse.ArgumentParser:
+    d = StudyConfig().quick() if quick else StudyConfig()
+    e = EvalSettings()
+    p = argparse.ArgumentParser(prog="python -m lab.studies.loss_weighting.run",
+                                description="Train the same Shapes model with loss_img_weight x text_seq_len at "
+                                            "equal compute over several seeds; write a report with CIs and plots.")
+    p.add_argument("--quick", action="store_true",
+                   help="the small study: a 1M-parameter model, 250 steps, no caption-noise arm, its own "
+                        "out_dir and runs_dir (flags given with it still win)")
+    grid = p.add_argument_group("grid")
+    grid.add_argument("--loss_img_weights", type=float, nargs="+", default=list(d.loss_img_weights), metavar="W",
+                      help="loss = (text + W * image) / (W + 1); 1 as CogView, 7 as DALL-E")
+    grid.add_argument("--text_seq_lens", type=int, nargs="+", default=list(d.text_seq_lens), metavar="T",
+                      help="text tokens per caption (Shapes captions have at most 12)")
+    grid.add_argument("--seeds", type=int, default=d.seeds, help="seeds per setting (0 .. N-1)")
+    grid.add_argument("--caption_noise", type=float, default=d.caption_noise,
+                      help="the caption-noise arm: every weight again, trained on captions of which this share has "
+                           "one attribute changed (0 = no such arm)")
+    grid.add_argument("--noise_text_seq_len", type=int, default=d.noise_text_seq_len,
+                      help="text_seq_len of the caption-noise arm")
+    model = p.add_argument_group("model")
+    for name in ("dim", "depth", "heads", "dim_head"):
+        model.add_argument(f"--{name}", type=int, default=getattr(d, name))
+    train = p.add_argument_group("training (the same for every run)")
+    train.add_argument("--steps", type=int, default=d.steps, help="optimizer steps per run")
+    train.add_argument("--batch_size", type=int, default=d.batch_size)
+    train.add_argument("--learning_rate", type=float, default=d.learning_rate)
+    train.add_argument("--warmup_steps", type=int, default=d.warmup_steps)
+    train.add_argument("--amp", action=argparse.BooleanOptionalAction, default=d.amp,
+                       help="mixed precision (bf16 on CPU; bf16 or fp16 on CUDA)")
+    train.add_argument("--device", default=d.device, help="auto|cpu|cuda")
+    evaluation = p.add_argument_group("evaluation")
+    evaluation.add_argument("--n_val", type=int, default=e.n_val, help="validation captions generated per run")
+    evaluation.add_argument("--n_heldout", type=int, default=e.n_heldout,
+                            help="held-out composition captions generated per run")
+    evaluation.add_argument("--n_loss", type=int, default=e.n_loss, help="samples per split for held-out losses")
+    files = p.add_argument_group("files")
+    files.add_argument("--out_dir", default=d.out_dir, help="the report: README.md, results.json, PNG plots")
+    files.add_argument("--runs_dir", default=d.runs_dir, help="checkpoints, metrics and cached results per run")
+    files.add_argument("--image_tokenizer", choices=IMAGE_TOKENIZERS, default=d.image_tokenizer,
+                       help="default: the shipped Shapes VQGAN; patch: a k-means patch codebook fit in seconds "
+                            "(a stand-in while no VQGAN is available)")
+    files.add_argument("--vqgan_model_path", default=None, help="a taming VQGAN instead (with --vqgan_config_path)")
+    files.add_argument("--vqgan_config_path", default=None)
+    files.add_argument("--bpe_path", default=None, help="default: the shipped vocabulary")
+    run = p.add_argument_group("execution")
+    run.add_argument("--workers", type=int, default=d.workers, help="runs trained at the same time")
+    run.add_argument("--threads", type=int, default=d.threads, help="torch threads per run")
+    run.add_argument("--note", default=None, help="a paragraph for the top of the report")
+    run.add_argument("--import_results", default=None, metavar="RESULTS_JSON",
+                     help="first copy the finished runs of an earlier study's results.json into --runs_dir (those "
+                          "made with these settings), so only the missing runs are trained")
+    run.add_argument("--report_only", action="store_true",
+                     help="do not train: rebuild the report from the finished runs in --runs_dir")
+    return p
+
+
+def config_from_args(args: argparse.Namespace) -> StudyConfig:
+    names = {f.name for f in fields(StudyConfig)}
+    values = {k: v for k, v in vars(args).items() if k in names}
+    values["loss_img_weights"] = tuple(args.loss_img_weights)
+    values["text_seq_lens"] = tuple(args.text_seq_lens)
+    values["eval"] = EvalSettings(n_val=args.n_val, n_heldout=args.n_heldout, n_loss=args.n_loss)
+    return StudyConfig(**values)
+
+
+def main(argv=None) -> int:
+    quick = "--quick" in (sys.argv[1:] if argv is None else argv)
+    args = build_parser(quick).parse_args(argv)
+    config = config_from_args(args)
+    try:
+        config.check()
+    except ValueError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    if args.import_results:
+        import_results(config, args.import_results)
+    if args.report_only:
+        from .report import write_report
+
+        results = collect_cached(config)
+        print(f"report of {len(results)} finished runs: {write_report(config, results, len(config.tasks()), [])}")
+        return 0
+    print(f"{len(config.tasks())} runs ({len(config.settings())} settings x {config.seeds} seeds), "
+          f"{config.workers} at a time; report: {config.out_dir}/README.md", flush=True)
+    outcome = run_study(config, log=lambda line: print(line, flush=True))
+    print(f"report: {outcome['report']}")
+    if outcome["failures"]:
+        print(f"{len(outcome['failures'])} runs failed; their errors are in the report", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
