@@ -1,4 +1,6 @@
-"""Small-sample statistics for comparing training settings across seeds.
+"""Small-sample statistics: the mean with its standard error or t-interval, Welch's test, Holm's adjustment.
+
+The one place for them: the alignment evaluation, the precision report and the lab's studies all use these.
 
 With 3 to 10 seeds per setting the normal approximation is badly optimistic (z = 1.96 where t(2) = 4.30), so
 intervals use Student's t, and comparisons use Welch's t-test, which does not assume the two settings have equal
@@ -67,6 +69,13 @@ def _mean_var(values: list[float]) -> tuple[float, float]:
     return mean, var
 
 
+def mean_se(values: Sequence[float]) -> tuple[float, float]:
+    """Mean and standard error of the mean, s / sqrt(n) with the sample standard deviation (nan below 2 values)."""
+    values = _clean(values, "mean_se")
+    mean, var = _mean_var(values)
+    return mean, math.sqrt(var / len(values)) if len(values) > 1 else math.nan
+
+
 def t_quantile(confidence: float, df: float) -> float:
     """The two-sided critical value of Student's t with `df` degrees of freedom (4.303 for 95 % and df = 2)."""
     from scipy.stats import t as student_t
@@ -127,4 +136,4 @@ def holm_adjust(p_values: Sequence[float]) -> list[float]:
     return adjusted
 
 
-__all__ = ["Interval", "WelchResult", "holm_adjust", "mean_ci", "t_quantile", "welch_test"]
+__all__ = ["Interval", "WelchResult", "holm_adjust", "mean_ci", "mean_se", "t_quantile", "welch_test"]

@@ -185,17 +185,17 @@ PRESETS: dict[str, dict] = {
     # across prompts, so only within-prompt differences carry signal); sampling the guided distribution that
     # generate.py uses (cond_scale 2, temperature 0.7) but without top-k, so the recorded and recomputed token
     # log-probs never differ by a top-k boundary flip; one update pass per batch (the samples are fresh each
-    # epoch and a second pass mostly re-fits noise); lr 3e-5 because 1e-4 and 2e-4 lowered the checker's accuracy
-    # on unseen captions (lab/archive/align/explore). Over 3 seeds and 1024 images it moved no measure beyond the
-    # run-to-run spread (lab/studies/align/results/faithfulness_preset.json): a safe start, not yet a demonstrated gain
+    # epoch and a second pass mostly re-fits noise); lr 3e-5 because higher rates lowered the checker's accuracy
+    # on unseen captions. What it does over seeds: docs/align.md ("Faithfulness RL: the preset over three training
+    # seeds", lab/studies/align/results/faithfulness_preset.json)
     "faithfulness": dict(reward="shapes_faithfulness:1+shapes_exact:1", advantage="group", group_size=8,
                          prompts_per_epoch=8, sample_batch_size=32, train_batch_size=32, inner_epochs=1, lr=3e-5,
                          kl_coef=0.02, temperature=0.7, top_k=None, cond_scale=2.0),
     # smaller JPEG files without hacking the reward: the JPEG reward plus half the checker's attribute accuracy, so
     # an image that stops matching its caption pays for it, and a KL coefficient of 0.03; guided sampling without
-    # top-k as above; per-prompt advantages; 96 epochs of 16 prompts x 8 samples. Over 3 seeds: JPEG gain 10.4 +- 3.4 standard errors for
-    # 0.042 +- 0.051 of checker accuracy lost, KL 21 nats per image (lab/studies/align/results/kl_sweep_jpeg_protected_96.json;
-    # the plain JPEG reward lost 0.16 of accuracy for a similar gain, lab/studies/align/results/kl_sweep_jpeg_demo.json)
+    # top-k as above; per-prompt advantages; 96 epochs of 16 prompts x 8 samples. Its measurement over seeds, against
+    # the plain JPEG reward: docs/align.md ("Reward hacking against KL strength",
+    # lab/studies/align/results/kl_sweep_jpeg_protected_96.json, which tests/test_align_presets.py ties to this preset)
     "jpeg_protected": dict(reward="jpeg_compressibility:1+shapes_faithfulness:0.5", group_size=8,
                            prompts_per_epoch=16, sample_batch_size=64, train_batch_size=32, inner_epochs=1,
                            lr=1e-4, kl_coef=0.03, temperature=0.7, top_k=None, cond_scale=2.0, epochs=96),

@@ -11,6 +11,7 @@ import torch
 from dalle_lab.align.config import AlignConfig
 from dalle_lab.align.policy_gradient import policy_logprobs, token_kl
 from dalle_lab.generate import generate
+from dalle_lab.stats import mean_se
 from dalle_lab.vae.images import decode_images
 
 
@@ -50,12 +51,6 @@ def sequence_kl(policy, reference, text, tokens, config: AlignConfig, batch_size
     return torch.cat(values).numpy()
 
 
-def mean_and_se(values) -> tuple[float, float]:
-    values = np.asarray(values, dtype=np.float64)
-    se = values.std(ddof=1) / math.sqrt(len(values)) if len(values) > 1 else float("nan")
-    return float(values.mean()), float(se)
-
-
 def evaluate_model(dalle, tokenizer, prompts: Sequence[str], reward: Callable, config: AlignConfig,
                    seed: int = 0, reference=None, reference_context=None, shapes: bool = True,
                    batch_size: int = 32) -> dict:
@@ -66,16 +61,16 @@ def evaluate_model(dalle, tokenizer, prompts: Sequence[str], reward: Callable, c
     images, tokens, text = sample_images(dalle, tokenizer, prompts, config, batch_size, seed)
     rewards = torch.as_tensor(reward(images, list(prompts))).detach().float().cpu().numpy()
     result = {"n": len(prompts)}
-    result["reward_mean"], result["reward_se"] = mean_and_se(rewards)
+    result["reward_mean"], result["reward_se"] = mean_se(rewards)
     if shapes:
         from dalle_lab.data.shapes import check
 
         checks = [check(image, caption) for image, caption in zip(images, prompts)]
-        result["checker_accuracy"], result["checker_accuracy_se"] = mean_and_se([c.accuracy for c in checks])
-        result["exact_match"], result["exact_match_se"] = mean_and_se([float(c.exact) for c in checks])
+        result["checker_accuracy"], result["checker_accuracy_se"] = mean_se([c.accuracy for c in checks])
+        result["exact_match"], result["exact_match_se"] = mean_se([float(c.exact) for c in checks])
     if reference is not None or reference_context is not None:
         kl = sequence_kl(dalle, reference, text, tokens, config, batch_size, reference_context)
-        result["kl_ref_image"], result["kl_ref_image_se"] = mean_and_se(kl)
+        result["kl_ref_image"], result["kl_ref_image_se"] = mean_se(kl)
     result["images"] = images
     return result
 

@@ -131,20 +131,20 @@ class RunEvaluator:
         return torch.cat(values).numpy()
 
     def score_set(self, trainer, name: str, prompts: list[str], seed: int) -> dict:
-        from dalle_lab.align.evaluate import mean_and_se
+        from dalle_lab.stats import mean_se
         from dalle_lab.data.shapes import check, is_shapes_caption
 
         text, tokens, images = self.sample(trainer, prompts, seed)
         out = {}
         reward = trainer.reward
-        out["reward"], out["reward_se"] = mean_and_se(torch.as_tensor(reward(images, prompts)).float().cpu())
+        out["reward"], out["reward_se"] = mean_se(torch.as_tensor(reward(images, prompts)).float().cpu())
         for term, weight in getattr(reward, "terms", []):
             term_key = f"reward_{getattr(term, '__name__', 'term')}"
-            out[term_key], out[f"{term_key}_se"] = mean_and_se(torch.as_tensor(term(images, prompts)).float().cpu())
+            out[term_key], out[f"{term_key}_se"] = mean_se(torch.as_tensor(term(images, prompts)).float().cpu())
         if all(is_shapes_caption(p) for p in prompts):  # the checker, image by image (standard errors)
             checks = [check(image, caption) for image, caption in zip(images, prompts)]
-            out["accuracy"], out["accuracy_se"] = mean_and_se([c.accuracy for c in checks])
-            out["exact_match"], out["exact_match_se"] = mean_and_se([float(c.exact) for c in checks])
+            out["accuracy"], out["accuracy_se"] = mean_se([c.accuracy for c in checks])
+            out["exact_match"], out["exact_match_se"] = mean_se([float(c.exact) for c in checks])
         if trainer.reference is not None or trainer.lora_modules:
             out["kl_ref_image"] = float(self.kl_per_image(trainer, text, tokens).mean())
         return {f"eval_{name}_{key}": value for key, value in out.items()}

@@ -12,9 +12,10 @@ zero-filled), the new keys/values are written at `pos` by index, and attention r
 position mask (one graph serves every position). `pos` is a 0-d tensor, so no step recompiles. The function
 compiled is the model's `decode_step` (model/fused_step.py: the eager fused step's function, one definition).
 
-What it costs: a compile at the first generation of a process (about a minute with an empty Inductor cache,
-about 20 s with a warm one: Inductor keeps the generated C++ and the autotuning results on disk, in
-TORCHINDUCTOR_CACHE_DIR, but frozen graphs are lowered again in every process). Frozen weights mean stale weights if
+What it costs: compiling makes the first generation of a process slow, slower with an empty Inductor cache than
+with a warm one (Inductor keeps the generated C++ and the autotuning results on disk, in its cache directory,
+TORCHINDUCTOR_CACHE_DIR, but frozen graphs are lowered again in every process), so it pays only over many
+generations in one process (docs/performance.md has the break-even). Frozen weights mean stale weights if
 the model changes, so every generation first checks the weights (storage, version counter and a float64 sum per
 tensor) and compiles anew when they moved, at most MAX_BUILDS_PER_MODEL times (each build keeps its frozen copy of
 the weights in memory for the life of the process): for inference, not for a model that trains between

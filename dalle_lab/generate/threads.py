@@ -3,10 +3,8 @@
 A cached decode step at small batch is many tiny ops; with several threads each op wakes the OpenMP team, and under
 OMP_WAIT_POLICY=PASSIVE (what a shared machine wants) every wake-up is a futex round trip that costs more than the
 op's own arithmetic. Under OpenMP's default policy the threads spin a while before they sleep, and there the second
-thread pays. Measured at 4 rows with 2 threads on an idle AVX2 Zen 3, fresh processes alternating
-(lab/perf/wait_policy.py, results/wait-policy-20261203-1704.json, medians of 6 generations of 4 x 256):
-PASSIVE, one thread 1.42 s against 2.85 s on two; default policy, two threads 1.29 s against 1.50 s on one. So one
-thread is chosen only under PASSIVE. Machines with many more cores were not measured: there all threads spinning over
+thread pays. So one thread is chosen only under PASSIVE (measured at 4 rows with 2 threads: docs/performance.md,
+"Threads and the wait policy", lab/perf/wait_policy.py). Machines with many more cores were not measured: there all threads spinning over
 tiny ops may lose; set torch.set_num_threads as measurements there say.
 The 64-row bound was the issue's suggestion, not a measured crossover.
 torch.set_num_threads is process-wide: a program that decodes from several Python threads at once should pass

@@ -19,7 +19,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from dalle_lab.stats import mean_ci
+from dalle_lab.stats import mean_ci, mean_se
 
 MEASURES = ("apparent", "real", "artefact")
 # summary keys of the low-precision run minus the float32-reward control, paired by seed
@@ -27,8 +27,8 @@ KEYS = {"real": "real_gain_low_minus_fp32_arm", "artefact": "artefact_low_minus_
 
 
 def _mean_se(values: np.ndarray) -> dict:
-    se = float(values.std(ddof=1) / math.sqrt(len(values))) if len(values) > 1 else float("nan")
-    return {"gain": float(values.mean()), "se": se}
+    gain, se = mean_se(values)
+    return {"gain": gain, "se": se}
 
 
 def paired_gains(before: Mapping[str, Sequence[float]], after: Mapping[str, Sequence[float]]) -> dict:

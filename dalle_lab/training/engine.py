@@ -20,10 +20,9 @@ _FUSED_ADAMW_DEVICES = ("cpu", "cuda")
 
 def adamw(params, **hyperparameters) -> torch.optim.AdamW:
     """torch.optim.AdamW with its fused kernel wherever every parameter allows it (floating point, on the CPU or a
-    CUDA device). Why: for the reference model's 55 weight tensors on one core of an AVX2 CPU the default
-    per-parameter loop takes 17 ms per step and the fused kernel 5 ms (lab/perf/optimizer_step.py,
-    results/optimizer-step-20261203-0704.json): about 1 % of a batch-8 step of that model, below the noise of a
-    whole step, more for small models and batches. Its updates agree with the loop's to float rounding, not
+    CUDA device). Why: it replaces the per-parameter loop over every weight tensor with one kernel, a small share of a
+    step that grows for small models and batches (measured by lab/perf/optimizer_step.py, its results file in
+    lab/perf/results/). Its updates agree with the loop's to float rounding, not
     bitwise; a checkpoint keeps the kernel it was saved with, so a resumed run continues exactly."""
     params = list(params)
     fusable = bool(params) and all(p.is_floating_point() and p.device.type in _FUSED_ADAMW_DEVICES for p in params)

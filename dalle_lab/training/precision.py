@@ -2,8 +2,8 @@
 
 - CPU: bfloat16 autocast (the only low-precision type CPU kernels and DeepSpeed support there) where the processor
   computes bfloat16 natively (avx512_bf16 or AMX); elsewhere (e.g. AVX2-only processors) `auto` means float32,
-  because emulated bfloat16 products are far slower than float32 ones there (an AVX2 EPYC: 10.3 s against 0.61 s
-  per training step at batch 32, lab/perf/results/train_step_precision.json). `--amp_dtype bf16` still forces it.
+  because emulated bfloat16 products are many times slower than float32 ones there (docs/training.md;
+  lab/perf/results/train_step_precision.json). `--amp_dtype bf16` still forces it.
 - CUDA: bfloat16 where the GPU computes it natively (compute capability 8.0 and newer), otherwise float16 with
   dynamic loss scaling (GradScaler): older GPUs only emulate bfloat16.
 Weights stay float32 in every case: there is no bare `.half()` anywhere, so no path trains fp16 without a scaler.

@@ -16,27 +16,23 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+from dalle_lab.stats import mean_ci
 from lab.common import ROOT
 
 
 def t_interval(values) -> dict:
-    """mean, sample std, and the half-width of the 95 % Student-t interval of the mean (None with one value)."""
-    values = [float(v) for v in values]
-    n = len(values)
-    mean = sum(values) / n
-    if n < 2:
-        return {"mean": mean, "std": None, "ci95_half": None, "n": n}
-    from scipy.stats import t
-
-    std = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
-    return {"mean": mean, "std": std, "ci95_half": float(t.ppf(0.975, n - 1) * std / math.sqrt(n)), "n": n}
+    """mean, sample std, and the half-width of the 95 % Student-t interval of the mean (None with one value), as
+    this study's results files hold them (dalle_lab.stats.mean_ci computes it)."""
+    interval = mean_ci(values)
+    if interval.n < 2:
+        return {"mean": interval.mean, "std": None, "ci95_half": None, "n": interval.n}
+    return {"mean": interval.mean, "std": interval.std, "ci95_half": interval.half_width, "n": interval.n}
 
 
 def run_seed(align_args: list[str], seed: int, out_dir: Path, log_path: Path) -> subprocess.Popen:

@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import shutil
 import sys
@@ -46,6 +45,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from dalle_lab.stats import mean_se  # noqa: E402
 from lab.common import ROOT as REPO  # noqa: E402
 
 DEFAULT_HEAD = REPO.parent / "shared" / "assets" / "aesthetic" / "sac+logos+ava1-l14-linearMSE.pth"
@@ -75,11 +75,6 @@ def build_reward(args, image_size: int, precision: str):
     reward.scorer = scorer
     reward.differentiable = True
     return reward
-
-
-def mean_se(values) -> tuple[float, float]:
-    values = np.asarray(values, dtype=np.float64)
-    return float(values.mean()), float(values.std(ddof=1) / math.sqrt(len(values)))
 
 
 def encode_scores(reward, images, prompts, mode: str):

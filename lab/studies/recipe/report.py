@@ -12,24 +12,18 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 from collections import defaultdict
 from pathlib import Path
 
+from dalle_lab import stats
 from lab.common import ROOT
 
 
 def mean_ci(values) -> tuple[float, float | None]:
     """Mean and the half-width of a t-based 95% CI across seeds (None for a single seed)."""
-    n = len(values)
-    mean = sum(values) / n
-    if n < 2:
-        return mean, None
-    from scipy.stats import t
-
-    sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
-    return mean, float(t.ppf(0.975, n - 1) * sd / math.sqrt(n))
+    interval = stats.mean_ci(values)
+    return interval.mean, interval.half_width if interval.n > 1 else None
 
 
 def fmt(mean: float, half: float | None) -> str:
