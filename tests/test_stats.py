@@ -3,7 +3,7 @@ import math
 
 import pytest
 
-from dalle_lab.stats import holm_adjust, mean_ci, t_quantile, welch_test
+from dalle_lab.stats import detectable_effect, holm_adjust, mean_ci, t_quantile, welch_test
 
 
 def t_two_sided_95_df2() -> float:
@@ -30,6 +30,16 @@ def test_mean_ci_is_the_exact_t_interval():
     wide = mean_ci([0.5, 0.7])  # s = 0.1414, t(0.975, 1) = 12.706: two seeds give a very wide interval
     assert wide.half_width == pytest.approx(math.tan(math.pi * 0.475) * math.sqrt(0.02) / math.sqrt(2), rel=1e-9)
     assert mean_ci([0.3, 0.3, 0.3]).half_width == 0.0
+
+
+def test_detectable_effect_is_the_sum_of_the_two_t_quantiles_times_the_standard_error():
+    # df = 2 closed forms: two-sided 95 % 4.3027; the 80 % quantile (2p - 1) / sqrt(2 p (1 - p)) = 1.0607 at p = 0.8
+    t80 = 0.6 / math.sqrt(2 * 0.8 * 0.2)
+    assert detectable_effect(0.02, 3) == pytest.approx((t_two_sided_95_df2() + t80) * 0.02 / math.sqrt(3), rel=1e-9)
+    # many paired values: the normal limit, (1.960 + 0.842) standard errors
+    assert detectable_effect(0.5, 10**7) == pytest.approx(2.8016 * 0.5 / math.sqrt(10**7), rel=1e-4)
+    assert detectable_effect(0.5, 400, power=0.5) == pytest.approx(t_quantile(0.95, 399) * 0.5 / 20, rel=1e-9)
+    assert math.isnan(detectable_effect(0.1, 1))
 
 
 def test_mean_ci_of_one_value_has_no_interval_and_of_none_is_an_error():

@@ -197,6 +197,7 @@ def markdown(config, summary: dict, rows: list[dict], results: list[dict], expec
     from dalle_lab.model import DALLEConfig
 
     from .claims import claim_lines, object_table
+    from .one_word import earlier_answer, lead_lines
 
     settings = config.settings()
     done = len(results)
@@ -208,7 +209,8 @@ def markdown(config, summary: dict, rows: list[dict], results: list[dict], expec
                    if r["setting"] == setting.name and not r["train"].get("resumed")]
         if seconds:
             mean_train_s[setting.label] = sum(seconds) / len(seconds)
-    out = ["# The CogView loss-weighting study", ""]
+    powered = claims.get("one_word_powered")
+    out = ["# The CogView loss-weighting study" + (f" at the `{config.recipe}` recipe" if config.recipe else ""), ""]
     if not complete:
         out += [f"**PARTIAL REPORT: {done} of {expected} runs finished"
                 + (f", {len(failures)} failed" if failures else "")
@@ -222,6 +224,7 @@ def markdown(config, summary: dict, rows: list[dict], results: list[dict], expec
         "per seed, the identical stream of training samples (equal compute; the longer text context additionally "
         "processes pad positions, which costs time but carries no information).",
         "",
+        *(lead_lines(config, powered, earlier_answer(config.compare_to)) if powered is not None else []),
         *claim_lines(claims),
         "## Set-up",
         "",
@@ -240,6 +243,13 @@ def markdown(config, summary: dict, rows: list[dict], results: list[dict], expec
         f"samples; one image generated ({_sampling(e)}) for each of {e.n_val} "
         f"validation captions and {e.n_heldout} held-out-composition captions, scored by the Shapes checker "
         "(attribute accuracy: share of the caption's attributes the image satisfies; exact match: all of them).",
+        *([f"- Two-object evaluation per run: {config.objects.samples} images for each of the first "
+           f"{config.objects.n_val} two-object validation items and {config.objects.n_heldout} two-object held-out "
+           f"items (seed {config.objects.seed}), under each sampling of the first section, every run from the same "
+           "sampling seeds (two_objects.py)."] if config.objects else []),
+        "- Runs: " + (f"one at a time with {config.threads} torch threads each" if config.workers == 1 else
+                      f"{config.workers} at a time with {config.threads} torch threads each")
+        + "; each run's result in results.json records its commit, CPU kind (avx512_bf16 or not) and load average.",
         *[f"- Image tokenizer: `{_relative(path)}` (sha256 {sha[:12]}...)." for path, sha in sorted(
             {(r["image_tokenizer"]["model_path"], r["image_tokenizer"]["sha256"]) for r in results
              if r.get("image_tokenizer")})],
@@ -301,8 +311,17 @@ def markdown(config, summary: dict, rows: list[dict], results: list[dict], expec
     if failures:
         out += ["## Failed runs", ""] + [f"- {f['setting']} seed {f['seed']}: {f['error'].splitlines()[0]}"
                                          for f in failures] + [""]
-    out += ["## Reproduce", "", "```", "python -m lab.studies.loss_weighting.run " + command_flags(config), "```",
-            "", "All numbers, per run and aggregated, with the loss curves: `results.json`. See docs/experiments.md.", ""]
+    threads = f"OMP_NUM_THREADS={config.threads} " if config.recipe else ""
+    command = f"{threads}python -m lab.studies.loss_weighting.run {command_flags(config)}".rstrip()
+    out += ["## Reproduce", "", "```", command, "```", ""]
+    if config.recipe:
+        out += ["One run again (here seed 1 of the first weight) into folders of its own, to compare its result.json "
+                "with this report's run (bit-identical only on the same CPU kind and thread count):", "", "```",
+                f"{threads}python -m lab.studies.loss_weighting.run "
+                f"{command_flags(config, leave_out=('out_dir', 'runs_dir'))} --loss_img_weights "
+                f"{config.loss_img_weights[0]:g} --only_seeds 1 --runs_dir runs/loss_weighting_check "
+                "--out_dir runs/loss_weighting_check/report", "```", ""]
+    out += ["All numbers, per run and aggregated, with the loss curves: `results.json`. See docs/experiments.md.", ""]
     return "\n".join(out)
 
 
@@ -324,18 +343,18 @@ def _duration(seconds: float) -> str:
     return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.1f} min"
 
 
-def command_flags(config) -> str:
-    """The flags that reproduce this study (the ones that differ from the defaults)."""
-    from .run import StudyConfig
+def command_flags(config, leave_out: tuple[str, ...] = ()) -> str:
+    """The flags that reproduce this study (the ones that differ from the defaults), but those in `leave_out`."""
+    from .run import StudyConfig, base_config
 
-    default = StudyConfig()
-    flags = []
+    default = base_config(recipe="demo") if config.recipe else StudyConfig()
+    flags = ["--recipe demo"] if config.recipe else []
     for name in ("steps", "batch_size", "learning_rate", "warmup_steps", "dim", "depth", "heads", "dim_head", "seeds",
-                 "device", "out_dir", "runs_dir"):
-        if getattr(config, name) != getattr(default, name):
+                 "device", "workers", "threads", "out_dir", "runs_dir"):
+        if getattr(config, name) != getattr(default, name) and name not in leave_out:
             flags.append(f"--{name} {getattr(config, name)}")
-    if config.amp:
-        flags.append("--amp")
+    if config.amp != default.amp:
+        flags.append("--amp" if config.amp else "--no-amp")
     if config.image_tokenizer != default.image_tokenizer and not config.vqgan_model_path:
         flags.append(f"--image_tokenizer {config.image_tokenizer}")
     for name in ("loss_img_weights", "text_seq_lens"):
@@ -344,6 +363,11 @@ def command_flags(config) -> str:
     for name in ("n_val", "n_heldout", "n_loss"):
         if getattr(config.eval, name) != getattr(default.eval, name):
             flags.append(f"--{name} {getattr(config.eval, name)}")
+    if config.objects is not None and default.objects is not None:
+        for name, flag in (("n_val", "two_object_val"), ("n_heldout", "two_object_heldout"),
+                           ("samples", "two_object_samples")):
+            if getattr(config.objects, name) != getattr(default.objects, name):
+                flags.append(f"--{flag} {getattr(config.objects, name)}")
     return " ".join(flags)
 
 

@@ -3,6 +3,7 @@ instead of 7 (DALL-E) change what a text-to-image transformer learns, and does a
 
     python -m lab.studies.loss_weighting.run            # (2 weights x 2 text_seq_len + 2 noisy) x 3 seeds
     python -m lab.studies.loss_weighting.run --quick    # the small study: 2 x 2 x 3 runs of a 1M model
+    OMP_NUM_THREADS=2 python -m lab.studies.loss_weighting.run --recipe demo   # make demo's recipe: 2 weights x 3 seeds
 
 Every run trains the same model on the built-in Shapes data through the library's training loop
 (dalle_lab.training.loop.train) at equal compute: the same optimizer steps, batch size and learning-rate schedule,
@@ -22,12 +23,15 @@ import json
 import math
 import sys
 import time
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 
-from .runs import (RESULT_FILE, collect_cached, final_train_losses, import_results, load_cached,
-                                  read_curves, run_dir, run_identity)
 from dalle_lab.evaluate.shapes import EvalSettings
+
+from .runs import (RESULT_FILE, collect_cached, final_train_losses, import_results, load_cached, read_curves, run_dir,
+                   run_identity)
+from .two_objects import TwoObjectEval
+
 SAMPLES_FILE = "samples.npz"  # a few generated images per split (uint8), for the report's sample figure
 SAMPLES_KEPT = 8
 IMAGE_TOKENIZERS = ("default", "patch")
@@ -80,6 +84,8 @@ class StudyConfig:
     save_every_n_steps: int = 100  # checkpoint interval: how much a killed run loses
     # evaluation
     eval: EvalSettings = field(default_factory=EvalSettings)
+    objects: TwoObjectEval | None = None  # the powered two-object evaluation (two_objects.py); None: not run
+    compare_to: str | None = None  # an earlier study's results.json whose one-word answer the report quotes beside
     # files
     out_dir: str = "lab/studies/loss_weighting/results"
     runs_dir: str = "runs/loss_weighting"
@@ -93,6 +99,8 @@ class StudyConfig:
     # execution
     workers: int = 2  # runs trained at the same time (separate processes)
     threads: int = 1  # torch threads per run
+    only_seeds: tuple[int, ...] | None = None  # train just these seeds (e.g. to check one run again); None: all
+    recipe: str | None = None  # the named recipe these settings came from (--recipe), for the report
     progress: bool = True
 
     def settings(self) -> list[Setting]:
@@ -103,14 +111,15 @@ class StudyConfig:
 
     def tasks(self) -> list[tuple[Setting, int]]:
         """Every (setting, seed), seed-major: a study stopped early has the same seeds for every setting."""
-        return [(setting, seed) for seed in range(self.seeds) for setting in self.settings()]
+        return [(setting, seed) for seed in range(self.seeds) for setting in self.settings()
+                if self.only_seeds is None or seed in self.only_seeds]
 
     def model_overrides(self, setting: Setting) -> dict:
         return dict(dim=self.dim, depth=self.depth, heads=self.heads, dim_head=self.dim_head,
                     text_seq_len=setting.text_seq_len, loss_img_weight=setting.loss_img_weight)
 
     def quick(self) -> "StudyConfig":
-        return StudyConfig(**{**asdict(self), "eval": self.eval, **QUICK})
+        return replace(self, **QUICK)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -124,6 +133,11 @@ class StudyConfig:
             raise ValueError(f"--caption_noise must be in [0, 1), got {self.caption_noise}")
         if self.steps < 1 or self.batch_size < 1 or self.workers < 1 or self.threads < 1:
             raise ValueError("--steps, --batch_size, --workers and --threads must be positive")
+        if self.only_seeds is not None and not set(self.only_seeds) <= set(range(self.seeds)):
+            raise ValueError(f"--only_seeds {list(self.only_seeds)}: each must be one of the study's seeds "
+                             f"0..{self.seeds - 1}")
+        if self.objects is not None:
+            self.objects.check()
         if self.image_tokenizer not in IMAGE_TOKENIZERS:
             raise ValueError(f"--image_tokenizer must be one of {IMAGE_TOKENIZERS}, got {self.image_tokenizer!r}")
         if (self.vqgan_model_path is None) != (self.vqgan_config_path is None):
@@ -134,6 +148,43 @@ class StudyConfig:
 # The small study (the report of 30 Nov 2026, tests): a 1M-parameter model, 250 steps, no caption-noise arm
 QUICK = dict(dim=128, depth=3, heads=4, dim_head=32, steps=250, warmup_steps=25, caption_noise=0.0,
              out_dir="lab/studies/loss_weighting/results_quick", runs_dir="runs/loss_weighting_quick")
+
+
+
+def demo_recipe(native_bf16: bool) -> dict:
+    """The study at `make demo`'s recipe for this CPU kind (issue 39): where the CPU computes bf16 natively,
+    train_dalle.py's defaults (1800 bf16-autocast steps of batch 64, 100 warm-up steps: TrainConfig); elsewhere
+    scripts/demo.sh's float32 recipe (1000 steps of batch 32, 50 warm-up steps). The default model and text_seq_len
+    (DALLEConfig), loss_img_weight 1 and 7, 3 seeds, runs one at a time on 2 threads; evaluated with generate.py's
+    sampling and the powered two-object evaluation."""
+    from dalle_lab.model import DALLEConfig
+    from dalle_lab.training.config import TrainConfig
+
+    model, train = DALLEConfig(), TrainConfig()
+    if native_bf16:
+        schedule = dict(steps=train.max_steps, batch_size=train.batch_size, warmup_steps=train.warmup_steps, amp=True)
+    else:
+        schedule = dict(steps=1000, batch_size=32, warmup_steps=50, amp=False)  # scripts/demo.sh's DEMO_FP32_STEPS
+    kind = "bf16" if native_bf16 else "fp32"
+    return dict(schedule, recipe=f"demo ({kind})", loss_img_weights=(1.0, 7.0), text_seq_lens=(model.text_seq_len,),
+                seeds=3, caption_noise=0.0, dim=model.dim, depth=model.depth, heads=model.heads,
+                dim_head=model.dim_head, learning_rate=train.learning_rate, workers=1, threads=2,
+                log_every_n_steps=10, save_every_n_steps=100,
+                eval=EvalSettings(top_k=10, temperature=0.7, cond_scale=2.0),  # generate.py's sampling
+                objects=TwoObjectEval(), compare_to="lab/studies/loss_weighting/results/results.json",
+                out_dir=f"lab/studies/loss_weighting/results_demo_{kind}",
+                runs_dir=f"runs/loss_weighting_demo_{kind}")
+
+
+RECIPES = ("demo",)
+
+
+def recipe_config(name: str) -> "StudyConfig":
+    from dalle_lab.utils import cpu_has_native_bf16
+
+    if name != "demo":
+        raise ValueError(f"--recipe must be one of {RECIPES}, got {name!r}")
+    return StudyConfig(**demo_recipe(cpu_has_native_bf16()))
 
 
 # ------------------------------------------------------------------------------------------------ one run
@@ -150,8 +201,11 @@ def run_one(config: StudyConfig, setting: Setting, seed: int, image_tokenizer: d
     from dalle_lab.utils import atomic_write, pick_device
     from dalle_lab.viz.grid import to_uint8
 
-    from dalle_lab.viz.attention_words import caption_word_attention
     from dalle_lab.evaluate.shapes import evaluate_model
+    from dalle_lab.provenance import git_state, machine
+    from dalle_lab.viz.attention_words import caption_word_attention
+
+    from .two_objects import evaluate_two_objects
 
     torch.set_num_threads(config.threads)
     directory = run_dir(config, setting, seed)
@@ -191,6 +245,8 @@ def run_one(config: StudyConfig, setting: Setting, seed: int, image_tokenizer: d
     # where the image tokens look among the caption's words, layer by layer (the discussion's "heatmap" question)
     numbers["attention_words"] = caption_word_attention(model, vae, tokenizer, split="val", n=config.eval.n_val,
                                                         seed=config.eval.seed, batch_size=config.eval.batch_size)
+    if config.objects is not None:
+        numbers["two_objects"] = evaluate_two_objects(model, vae, tokenizer, config.objects)
     eval_seconds = time.monotonic() - started
 
     curves = read_curves(directory / "dalle-metrics.jsonl")
@@ -203,6 +259,9 @@ def run_one(config: StudyConfig, setting: Setting, seed: int, image_tokenizer: d
                   "final": final_train_losses(curves)},
         "eval": numbers, "eval_seconds": eval_seconds, "curves": curves,
         "image_tokenizer": {"model_path": vae.identity["model_path"], "sha256": vae.identity["sha256"]},
+        # which code, on which CPU kind (native bf16 or not), how busy, on how many threads
+        "provenance": {"git": git_state(), "machine": machine(), "torch_threads": torch.get_num_threads(),
+                       "torch": torch.__version__},
     }
     kept = {split: to_uint8(batch[:SAMPLES_KEPT]) for split, batch in images.items() if batch is not None}
     np.savez_compressed(directory / SAMPLES_FILE, **kept)
@@ -299,15 +358,35 @@ def run_study(config: StudyConfig, log=print, report_every_s: float = 60.0) -> d
 
 # ------------------------------------------------------------------------------------------------ command line
 
-def build_parser(quick: bool = False) -> argparse.ArgumentParser:
-    d = StudyConfig().quick() if quick else StudyConfig()
-    e = EvalSettings()
+def base_config(quick: bool = False, recipe: str | None = None) -> StudyConfig:
+    """The settings flags start from: the full study, the quick one or a named recipe."""
+    if recipe is not None:
+        return recipe_config(recipe)
+    return StudyConfig().quick() if quick else StudyConfig()
+
+
+def _recipe_in(argv: list[str]) -> str | None:
+    for i, arg in enumerate(argv):
+        if arg == "--recipe" and i + 1 < len(argv):
+            return argv[i + 1]
+        if arg.startswith("--recipe="):
+            return arg.split("=", 1)[1]
+    return None
+
+
+def build_parser(quick: bool = False, recipe: str | None = None) -> argparse.ArgumentParser:
+    d = base_config(quick, recipe)
+    e = d.eval
     p = argparse.ArgumentParser(prog="python -m lab.studies.loss_weighting.run",
                                 description="Train the same Shapes model with loss_img_weight x text_seq_len at "
                                             "equal compute over several seeds; write a report with CIs and plots.")
     p.add_argument("--quick", action="store_true",
                    help="the small study: a 1M-parameter model, 250 steps, no caption-noise arm, its own "
                         "out_dir and runs_dir (flags given with it still win)")
+    p.add_argument("--recipe", choices=RECIPES, default=None,
+                   help="demo: make demo's recipe for this CPU kind (1800 bf16 steps of batch 64 with native bf16, "
+                        "else 1000 float32 steps of batch 32), loss_img_weight 1 and 7, 3 seeds, one run at a time, "
+                        "the powered two-object evaluation (flags given with it still win)")
     grid = p.add_argument_group("grid")
     grid.add_argument("--loss_img_weights", type=float, nargs="+", default=list(d.loss_img_weights), metavar="W",
                       help="loss = (text + W * image) / (W + 1); 1 as CogView, 7 as DALL-E")
@@ -335,6 +414,11 @@ def build_parser(quick: bool = False) -> argparse.ArgumentParser:
     evaluation.add_argument("--n_heldout", type=int, default=e.n_heldout,
                             help="held-out composition captions generated per run")
     evaluation.add_argument("--n_loss", type=int, default=e.n_loss, help="samples per split for held-out losses")
+    objects = d.objects or TwoObjectEval()
+    evaluation.add_argument("--two_object_val", type=int, default=objects.n_val,
+                            help="the powered two-object evaluation (with --recipe demo): validation items")
+    evaluation.add_argument("--two_object_heldout", type=int, default=objects.n_heldout, help="held-out items")
+    evaluation.add_argument("--two_object_samples", type=int, default=objects.samples, help="images per item")
     files = p.add_argument_group("files")
     files.add_argument("--out_dir", default=d.out_dir, help="the report: README.md, results.json, PNG plots")
     files.add_argument("--runs_dir", default=d.runs_dir, help="checkpoints, metrics and cached results per run")
@@ -347,6 +431,9 @@ def build_parser(quick: bool = False) -> argparse.ArgumentParser:
     run = p.add_argument_group("execution")
     run.add_argument("--workers", type=int, default=d.workers, help="runs trained at the same time")
     run.add_argument("--threads", type=int, default=d.threads, help="torch threads per run")
+    run.add_argument("--only_seeds", type=int, nargs="+", default=None, metavar="K",
+                     help="train just these of the study's seeds (e.g. to check one run again, with its own "
+                          "--runs_dir and --out_dir); the report then covers only them")
     run.add_argument("--note", default=None, help="a paragraph for the top of the report")
     run.add_argument("--import_results", default=None, metavar="RESULTS_JSON",
                      help="first copy the finished runs of an earlier study's results.json into --runs_dir (those "
@@ -357,17 +444,23 @@ def build_parser(quick: bool = False) -> argparse.ArgumentParser:
 
 
 def config_from_args(args: argparse.Namespace) -> StudyConfig:
+    """The base settings (--quick, --recipe or the full study) with every flag's value over them."""
+    base = base_config(args.quick, args.recipe)
     names = {f.name for f in fields(StudyConfig)}
-    values = {k: v for k, v in vars(args).items() if k in names}
+    values = {k: v for k, v in vars(args).items() if k in names and k not in ("eval", "objects", "recipe")}
     values["loss_img_weights"] = tuple(args.loss_img_weights)
     values["text_seq_lens"] = tuple(args.text_seq_lens)
-    values["eval"] = EvalSettings(n_val=args.n_val, n_heldout=args.n_heldout, n_loss=args.n_loss)
-    return StudyConfig(**values)
+    values["only_seeds"] = None if args.only_seeds is None else tuple(args.only_seeds)
+    values["eval"] = replace(base.eval, n_val=args.n_val, n_heldout=args.n_heldout, n_loss=args.n_loss)
+    if base.objects is not None:
+        values["objects"] = replace(base.objects, n_val=args.two_object_val, n_heldout=args.two_object_heldout,
+                                    samples=args.two_object_samples)
+    return replace(base, **values)
 
 
 def main(argv=None) -> int:
-    quick = "--quick" in (sys.argv[1:] if argv is None else argv)
-    args = build_parser(quick).parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser("--quick" in argv, _recipe_in(argv)).parse_args(argv)
     config = config_from_args(args)
     try:
         config.check()

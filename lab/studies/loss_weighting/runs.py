@@ -25,15 +25,22 @@ def run_dir(config: StudyConfig, setting: Setting, seed: int) -> Path:
 
 def run_identity(config: StudyConfig, setting: Setting, seed: int, vae_identity: dict, tokenizer_identity: dict) -> dict:
     """Everything that decides a run's numbers: a cached result is reused only when this matches exactly."""
-    return {"setting": asdict(setting), "seed": seed, "model": config.model_overrides(setting),
-            "train": {k: getattr(config, k) for k in ("steps", "batch_size", "learning_rate", "warmup_steps", "amp")},
-            "eval": config.eval.to_dict(), "vae_sha256": vae_identity.get("sha256"),
-            "tokenizer_sha256": tokenizer_identity.get("sha256")}
+    identity = {"setting": asdict(setting), "seed": seed, "model": config.model_overrides(setting),
+                "train": {k: getattr(config, k) for k in ("steps", "batch_size", "learning_rate", "warmup_steps",
+                                                          "amp")},
+                "eval": config.eval.to_dict(), "vae_sha256": vae_identity.get("sha256"),
+                "tokenizer_sha256": tokenizer_identity.get("sha256")}
+    if config.objects is not None:  # only then, so the runs of studies without it keep their identity
+        identity["objects"] = config.objects.to_dict()
+    return identity
+
+
+EVALUATION_KEYS = ("eval", "objects")  # a change in these re-evaluates a trained run; any other change is an error
 
 
 def training_part(identity: dict) -> dict:
     """What decides the trained weights (everything but the evaluation settings)."""
-    return {k: v for k, v in identity.items() if k != "eval"}
+    return {k: v for k, v in identity.items() if k not in EVALUATION_KEYS}
 
 
 def load_cached(path: Path, identity: dict, key: str | None = "identity") -> dict | None:
