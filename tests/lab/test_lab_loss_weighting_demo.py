@@ -1,6 +1,7 @@
 """The loss-weighting study at make demo's recipe (issue 39): the recipe per CPU kind, the powered two-object
 evaluation's captions and outcome strings, and its paired answers worked out by hand."""
 import math
+from dataclasses import replace
 
 import pytest
 
@@ -64,7 +65,7 @@ def test_the_two_object_evaluation_is_in_the_identity_only_when_it_runs_and_neve
     plain = run_identity(study, lw.Setting(1.0, 16), 0, {}, {})
     assert "objects" not in plain  # the earlier studies' stored runs keep matching
     demo = lw.StudyConfig(**lw.demo_recipe(True))
-    small, large = (run_identity(lw.replace(demo, objects=TwoObjectEval(n_val=n)), lw.Setting(1.0, 12), 0, {}, {})
+    small, large = (run_identity(replace(demo, objects=TwoObjectEval(n_val=n)), lw.Setting(1.0, 12), 0, {}, {})
                     for n in (4, 400))
     assert small != large and training_part(small) == training_part(large)  # re-evaluated, not retrained
 
@@ -115,6 +116,6 @@ def test_the_lead_section_states_the_recipe_and_the_verdict(monkeypatch):
     assert "At the make-demo recipe of this machine (1800 bf16-autocast steps of batch 64" in lines
     assert "3 training seeds" in lines and "a difference beyond the run-to-run spread" not in lines
     assert "Verdict" in lines and "| validation | only one |" in lines
-    changed = lw.replace(config, steps=10)
+    changed = replace(config, steps=10)
     assert "flags changed" in "\n".join(one_word.lead_lines(changed, one_word.powered_one_word(changed, results),
                                                              None))

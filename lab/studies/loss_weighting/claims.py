@@ -11,6 +11,9 @@ import math
 
 from dalle_lab.stats import mean_ci
 
+from .config import Setting
+from .one_word import powered_one_word
+
 CONVERGENCE_FRACTIONS = (0.25, 0.5)  # where along training the image-loss curves are compared
 CURVE_WINDOW = 0.05  # +- this share of the steps is averaged around each point (one batch's loss is noisy)
 
@@ -64,8 +67,6 @@ def _objects(split: str, share: str):
 def claim_one_word(config, results) -> dict:
     """"With loss_img_weight 1, generations match maybe just one word of the caption": on two-object validation
     captions, the share of images with only one of the two objects right, and with both, w=1 minus w=7."""
-    from .run import Setting
-
     t = config.text_seq_lens[0]
     low, high = Setting(min(config.loss_img_weights), t), Setting(max(config.loss_img_weights), t)
     out = {"a": low.label, "b": high.label, "differences": {}}
@@ -83,8 +84,6 @@ def claim_one_word(config, results) -> dict:
 def claim_text_seq_len(config, results) -> dict:
     """"Increasing text_seq_len makes the loss converge higher": T=long minus T=short per weight, on the total
     training loss a user sees, the caption-token text loss and the image loss on validation images."""
-    from .run import Setting
-
     short, long = min(config.text_seq_lens), max(config.text_seq_lens)
     out = {}
     if short == long:  # one text context in this grid: nothing to compare
@@ -102,8 +101,6 @@ def claim_text_seq_len(config, results) -> dict:
 def claim_convergence(config, results) -> dict:
     """"Lowering the image weight converges faster": the training image loss part-way through training and the
     final validation image loss, w=low minus w=high (negative = the lower weight is ahead)."""
-    from .run import Setting
-
     t = config.text_seq_lens[0]
     low, high = Setting(min(config.loss_img_weights), t), Setting(max(config.loss_img_weights), t)
     diffs = {f"train_loss_img_at_{f:.0%}": paired_difference(results, low, high,
@@ -116,8 +113,6 @@ def claim_convergence(config, results) -> dict:
 def claim_noise(config, results) -> dict | None:
     """"The weighting may interact with how noisy the captions are": (w=low - w=high) on noisy captions minus the
     same on clean ones, per seed (an interaction), and each weight's loss from the noise."""
-    from .run import Setting
-
     if not config.caption_noise:
         return None
     t, noise = config.noise_text_seq_len, config.caption_noise
@@ -166,8 +161,6 @@ def caption_attention_measures(attention: dict) -> dict:
 def claim_attention(config, results) -> dict:
     """"Fascinating to visualize with a heatmap of the attention heads": does w=low spread or concentrate the image
     tokens' attention over the caption's words, against w=high? Per seed, paired."""
-    from .run import Setting
-
     t = config.text_seq_lens[0]
     low, high = Setting(min(config.loss_img_weights), t), Setting(max(config.loss_img_weights), t)
 
@@ -194,8 +187,6 @@ def mean_attention(results: list[dict], setting) -> dict | None:
 
 
 def all_claims(config, results: list[dict]) -> dict:
-    from .one_word import powered_one_word
-
     return {"one_word": claim_one_word(config, results), "text_seq_len": claim_text_seq_len(config, results),
             "convergence": claim_convergence(config, results), "noise": claim_noise(config, results),
             "attention": claim_attention(config, results), "one_word_powered": powered_one_word(config, results)}

@@ -17,6 +17,7 @@ import math
 
 from dalle_lab.stats import detectable_effect, mean_ci
 
+from .config import Setting, base_config
 from .two_objects import CATEGORIES, SPLITS, indicator, shares, two_object_captions
 
 
@@ -68,8 +69,6 @@ def setting_shares(runs: dict, sampling: str, split: str) -> dict:
 
 def powered_one_word(config, results: list[dict]) -> dict | None:
     """The claim's answer at every sampling and split of the two-object evaluation; None when it did not run."""
-    from .run import Setting
-
     if config.objects is None:
         return None
     t = config.text_seq_lens[0]
@@ -157,8 +156,6 @@ def _verdict(seed: dict | None, caption: dict | None) -> str:
 
 def _is_the_recipe(config) -> bool:
     """Whether the schedule and model are the named recipe's, unchanged by flags."""
-    from .run import base_config
-
     if not config.recipe:
         return False
     base = base_config(recipe="demo")

@@ -7,6 +7,9 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+from .config import SAMPLES_FILE
+from .runs import run_dir
+
 
 def _smooth(values: list[float], window: int) -> list[float]:
     out, total = [], 0.0
@@ -112,7 +115,6 @@ def plot_samples(config, settings, results: list[dict], path: Path) -> Path | No
     import numpy as np
     from PIL import Image
 
-    from .run import SAMPLES_FILE, run_dir
 
     rows = []
     for setting in settings:

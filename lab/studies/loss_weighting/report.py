@@ -8,8 +8,12 @@ import json
 import math
 from pathlib import Path
 
-from .plots import plot_accuracy, plot_curves, plot_samples
 from dalle_lab.stats import holm_adjust, mean_ci, welch_test
+
+from .claims import all_claims, claim_lines, mean_attention, object_table
+from .config import Setting, StudyConfig, base_config
+from .one_word import earlier_answer, lead_lines
+from .plots import plot_accuracy, plot_curves, plot_samples
 
 # (key, label, where in a run's result): the numbers aggregated per setting
 METRICS = [
@@ -66,8 +70,6 @@ def summarise(settings, results: list[dict]) -> dict:
 def comparisons(config, results: list[dict]) -> list[dict]:
     """Welch t-tests of each factor at each level of the other: weight vs weight at a fixed text_seq_len, and
     text_seq_len vs text_seq_len at a fixed weight, for the COMPARED metrics. Holm-adjusted over the whole family."""
-    from .run import Setting
-
     pairs = []
     weights, lengths = list(config.loss_img_weights), list(config.text_seq_lens)
     for t in lengths:
@@ -195,9 +197,6 @@ def comparison_table(rows: list[dict]) -> list[str]:
 def markdown(config, summary: dict, rows: list[dict], results: list[dict], expected: int, failures: list[dict],
              plots: dict, claims: dict) -> str:
     from dalle_lab.model import DALLEConfig
-
-    from .claims import claim_lines, object_table
-    from .one_word import earlier_answer, lead_lines
 
     settings = config.settings()
     done = len(results)
@@ -345,8 +344,6 @@ def _duration(seconds: float) -> str:
 
 def command_flags(config, leave_out: tuple[str, ...] = ()) -> str:
     """The flags that reproduce this study (the ones that differ from the defaults), but those in `leave_out`."""
-    from .run import StudyConfig, base_config
-
     default = base_config(recipe="demo") if config.recipe else StudyConfig()
     flags = ["--recipe demo"] if config.recipe else []
     for name in ("steps", "batch_size", "learning_rate", "warmup_steps", "dim", "depth", "heads", "dim_head", "seeds",
@@ -376,8 +373,6 @@ def command_flags(config, leave_out: tuple[str, ...] = ()) -> str:
 def write_report(config, results: list[dict], expected: int, failures: list[dict]) -> Path:
     """README.md, results.json and the PNGs in config.out_dir, from the finished runs' results."""
     from dalle_lab.utils import atomic_write
-
-    from .claims import all_claims, mean_attention
 
     out_dir = Path(config.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -11,10 +11,8 @@ import json
 import math
 from dataclasses import asdict
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from .run import Setting, StudyConfig
+from .config import Setting, StudyConfig
 
 RESULT_FILE = "result.json"
 
