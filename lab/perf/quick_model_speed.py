@@ -62,13 +62,13 @@ def gen_speed(dtype, use_cache=True, batch=4, cond_scale=1.0):
     return elapsed, batch * cfg.image_seq_len / elapsed, cpu
 
 
-def main():
+def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--skip_gen", action="store_true")
     parser.add_argument("--skip_train", action="store_true")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     params = sum(p.numel() for p in reference_model().parameters())
     print(f"reference config, {params / 1e6:.2f}M parameters, {args.threads} threads")

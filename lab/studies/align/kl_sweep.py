@@ -116,9 +116,9 @@ def main(argv=None) -> int:
     from lab.studies.align.seeds import run_seed
 
     argv = list(sys.argv[1:] if argv is None else argv)
-    if "--" not in argv:
+    if "--" not in argv and not {"-h", "--help"} & set(argv):
         raise SystemExit("give the align command's arguments after --")
-    own, align_args = argv[:argv.index("--")], argv[argv.index("--") + 1:]
+    own, align_args = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else (argv, [])
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--name", default="kl_sweep_jpeg")
     parser.add_argument("--settings", nargs="+", required=True)

@@ -53,7 +53,7 @@ def reconstruct(images: list[np.ndarray], model_path: str, config_path: str, bat
     return out
 
 
-def main() -> None:
+def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--n", type=int, default=600, help="images per condition")
     parser.add_argument("--image_size", type=int, default=32)
@@ -61,7 +61,7 @@ def main() -> None:
     parser.add_argument("--split", default="val")
     parser.add_argument("--vqgan_model_path", help="a taming VQGAN checkpoint: also check its reconstructions")
     parser.add_argument("--vqgan_config_path", help="the checkpoint's yaml config")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
 
     dataset = ShapesDataset(args.split, args.n, image_size=args.image_size, seed=args.seed)
     scenes = [dataset.scene(i) for i in range(args.n)]

@@ -39,14 +39,14 @@ def measure(vae, split: str, n: int, seed: int, batch_size: int = 128) -> dict:
     }
 
 
-def main() -> None:
+def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--ckpt", help="taming .ckpt (default: the shipped Shapes tokenizer)")
     parser.add_argument("--yaml", help="taming .yaml next to --ckpt")
     parser.add_argument("--n", type=int, default=1000, help="images per split")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=2)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
 
     from dalle_lab.vae import VQGanVAE, default_vae
