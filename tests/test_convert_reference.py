@@ -17,7 +17,7 @@ import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-SHIM_DIRS = [ROOT / "lab" / "perf", ROOT / "benchmarks" / "perf"]
+SHIM_DIRS = [ROOT / "lab" / "perf"]
 
 
 def peer_python() -> Path | None:
