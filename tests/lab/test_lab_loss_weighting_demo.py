@@ -53,6 +53,14 @@ def test_two_object_captions_are_the_first_two_object_items_of_the_split():
     assert all(split_of(c) == "heldout" for c in two_object_captions("heldout", 5))
 
 
+def test_the_default_sampling_is_generate_pys():
+    from dalle_lab.generate import GenerationConfig
+    from lab.studies.loss_weighting.two_objects import SAMPLINGS
+
+    default = GenerationConfig()
+    assert SAMPLINGS["default"] == (default.top_k, default.top_p, default.temperature, default.cond_scale)
+
+
 def test_outcome_shares_and_indicators():
     assert shares(["BFSN", "BBNN"]) == {"both": 3 / 8, "first_only": 1 / 8, "second_only": 1 / 8, "neither": 3 / 8,
                                         "only_one": 2 / 8}

@@ -21,9 +21,9 @@ CODES = {"both": "B", "first_only": "F", "second_only": "S", "neither": "N"}
 OUTCOME_OF = {code: outcome for outcome, code in CODES.items()}
 assert set(CODES) == set(OBJECT_OUTCOMES)
 
-# name -> (top_k, top_p, temperature, cond_scale). "default" is generate.py's (dalle_lab.training.generation
-# SamplingSettings(), calibrated on the main job's model); "plain" is the model's own distribution, the sampling of
-# the 600-step study (no top-k, temperature 1, no guidance)
+# name -> (top_k, top_p, temperature, cond_scale). "default" is generate.py's (GenerationConfig()'s sampling,
+# calibrated on the main job's model); "plain" is the model's own distribution, the sampling of the 600-step study
+# (no top-k, temperature 1, no guidance)
 SAMPLINGS = {"default": (10, None, 0.7, 2.0), "plain": (None, None, 1.0, 1.0)}
 SPLITS = ("val", "heldout")
 
@@ -78,14 +78,16 @@ def evaluate_two_objects(model, vae, tokenizer, settings: TwoObjectEval) -> dict
     """{sampling: {split: {"n_items", "outcomes": [one string per sample, a letter per item]}}} for one model."""
     import torch
 
-    from dalle_lab.training.generation import SamplingSettings, sample_images
+    from dalle_lab.generate import GenerationConfig
+    from dalle_lab.generate.folders import sample_images
 
     was_training = model.training
     model.eval()
     out = {}
     try:
         for name in settings.samplings:
-            sampling = SamplingSettings(*SAMPLINGS[name])
+            top_k, top_p, temperature, cond_scale = SAMPLINGS[name]
+            sampling = GenerationConfig(top_k=top_k, top_p=top_p, temperature=temperature, cond_scale=cond_scale)
             out[name] = {}
             for split, n in (("val", settings.n_val), ("heldout", settings.n_heldout)):
                 captions = two_object_captions(split, n, settings.seed)
