@@ -47,7 +47,8 @@ def main(argv=None) -> int:
 
     import torch
 
-    from dalle_lab.data.shapes import evaluate, heldout_captions, validation_captions
+    from dalle_lab.data.checker import evaluate
+    from dalle_lab.data.shapes import heldout_captions, validation_captions
     from dalle_lab.training.checkpoint import load_dalle
     from dalle_lab.generate import GenerationConfig
     from dalle_lab.generate.folders import sample_images

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from dalle_lab.data.shapes import evaluate, layout, parse, render
+from dalle_lab.data.checker import evaluate
+from dalle_lab.data.shapes import layout, parse, render
 from dalle_lab.evaluate.objects import (
     aggregate_breakdowns,
     breakdown_from_attributes,

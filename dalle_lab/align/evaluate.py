@@ -63,7 +63,7 @@ def evaluate_model(dalle, tokenizer, prompts: Sequence[str], reward: Callable, c
     result = {"n": len(prompts)}
     result["reward_mean"], result["reward_se"] = mean_se(rewards)
     if shapes:
-        from dalle_lab.data.shapes import check
+        from dalle_lab.data.checker import check
 
         checks = [check(image, caption) for image, caption in zip(images, prompts)]
         result["checker_accuracy"], result["checker_accuracy_se"] = mean_se([c.accuracy for c in checks])

@@ -132,7 +132,8 @@ class RunEvaluator:
 
     def score_set(self, trainer, name: str, prompts: list[str], seed: int) -> dict:
         from dalle_lab.stats import mean_se
-        from dalle_lab.data.shapes import check, is_shapes_caption
+        from dalle_lab.data.checker import check
+        from dalle_lab.data.shapes import is_shapes_caption
 
         text, tokens, images = self.sample(trainer, prompts, seed)
         out = {}

@@ -20,7 +20,7 @@ from .shapes import (
     split_of,
     validation_captions,
 )
-from .shapes import check, evaluate
+from .checker import check, evaluate
 from .wds import webdataset_dataset, webdataset_loader
 
 __all__ = [

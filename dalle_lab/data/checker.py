@@ -26,16 +26,8 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from .shapes import (
-    BACKGROUNDS,
-    PALETTE,
-    PLACE_BY_CELL,
-    SHAPES,
-    SIZES,
-    SceneSpec,
-    parse,
-    shape_alpha,
-)
+from .shapes import shape_alpha
+from .shapes_grammar import BACKGROUNDS, PALETTE, PLACE_BY_CELL, SHAPES, SIZES, SceneSpec, parse
 
 _COLOR_NAMES = tuple(PALETTE)
 _PALETTE_RGB = np.array([PALETTE[name] for name in _COLOR_NAMES], np.float32)

@@ -88,8 +88,8 @@ def breakdown_from_attributes(attributes: Sequence[Mapping[str, bool]]) -> dict:
 def object_breakdown(images: Iterable, captions: Sequence[str]) -> dict:
     """Check each image against its caption with the Shapes checker and break the verdicts down (see
     `breakdown_from_attributes` for the dict). `images`: a (B, 3, H, W) tensor in [0, 1] or any iterable of images
-    `dalle_lab.data.shapes.check` accepts, one per caption."""
-    from dalle_lab.data.shapes import check
+    `dalle_lab.data.checker.check` accepts, one per caption."""
+    from dalle_lab.data.checker import check
 
     images = list(images)
     if len(images) != len(captions):

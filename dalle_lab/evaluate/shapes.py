@@ -83,7 +83,7 @@ def heldout_losses(model, vae, tokenizer, split: str, n: int, seed: int = 0, bat
 @torch.no_grad()
 def generation_scores(model, vae, tokenizer, captions, settings: EvalSettings) -> tuple[dict, torch.Tensor]:
     """Generate one image per caption and score it with the Shapes checker -> (evaluate()'s dict, images)."""
-    from dalle_lab.data.shapes import evaluate
+    from dalle_lab.data.checker import evaluate
     from dalle_lab.generate import GenerationConfig
     from dalle_lab.generate.folders import sample_images
 

@@ -60,7 +60,7 @@ def jpeg_incompressibility(images, prompts: Sequence[str] | None = None):
 
 
 def _shapes_results(images, prompts):
-    from dalle_lab.data.shapes import check
+    from dalle_lab.data.checker import check
 
     if prompts is None or len(prompts) != len(images):
         raise ValueError("shapes rewards need one caption per image (got "

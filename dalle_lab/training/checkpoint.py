@@ -24,11 +24,10 @@ import re
 from pathlib import Path
 from typing import Any
 
+from .deepspeed_files import engine_dir_of, remove_engine_dirs
+from .errors import CheckpointError
+
 CHECKPOINT_FORMAT = "dalle_lab.checkpoint/1"
-
-
-class CheckpointError(ValueError):
-    """A checkpoint that is missing, unreadable, or does not fit what the caller is using."""
 
 
 # ---------------------------------------------------------------- RNG states as weights_only-safe values
@@ -118,8 +117,6 @@ def rotate_checkpoints(directory: str | os.PathLike, name: str, keep_n: int | No
     checkpoint and the latest link are durable. `current_step`, the step just saved, is always kept: step files
     after it (written before a resume from an older checkpoint) are neither counted nor deleted.
     Returns the deleted paths."""
-    from .deepspeed_files import engine_dir_of, remove_engine_dirs
-
     pattern = re.compile(rf"^{re.escape(name)}-step(\d+)\.pt$")
     found = sorted(
         (int(m.group(1)), p) for p in Path(directory).glob(f"{name}-step*.pt") if (m := pattern.match(p.name))

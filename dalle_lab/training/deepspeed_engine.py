@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from .checkpoint import CheckpointError
+from .errors import CheckpointError
 from .deepspeed_files import (DS_TAG, check_checkpoint_engine, check_layout, engine_dir_of, engine_files_dir,
                               write_engine_files)
 from .deepspeed_weights import float32_weights

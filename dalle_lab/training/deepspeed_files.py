@@ -36,7 +36,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from .checkpoint import CheckpointError
+from .errors import CheckpointError
 from .distributed import DistInfo, barrier, broadcast_object, gather_objects
 
 DS_TAG = "dalle_lab"  # DeepSpeed's tag: the sub-directory its files go in

@@ -12,6 +12,7 @@ import torch
 
 from .checkpoint import model_state_without_vae
 from .distributed import DistInfo
+from .errors import CheckpointError
 from .precision import Precision
 
 
@@ -110,8 +111,6 @@ class PlainEngine:
 
     def load_training_state(self, ckpt: dict, path="checkpoint") -> None:
         if "optimizer" not in ckpt:
-            from .checkpoint import CheckpointError
-
             raise CheckpointError(f"{path} holds no plain-PyTorch optimizer state (it was written by a DeepSpeed run);"
                                   f" resume it with --deepspeed, or pass it as --dalle_path to start a new run from "
                                   f"its weights")

@@ -14,6 +14,8 @@ import os
 from pathlib import Path
 
 from ..assets import ASSETS_DIR
+from .shipped import shipped_paths
+from .vqgan import VQGanVAE
 
 # The train_vae.py settings (VAETrainConfig overrides) that produce each dataset's tokenizer.
 RECIPES: dict[str, dict] = {
@@ -29,15 +31,9 @@ def cache_root(cache_dir: str | os.PathLike | None = None) -> Path:
     return Path(os.environ.get("DALLE_LAB_CACHE") or Path.home() / ".cache" / "dalle_lab")
 
 
-def shipped_paths(dataset: str = "shapes") -> tuple[Path, Path]:
-    return ASSETS_DIR / f"{dataset}_vqgan.ckpt", ASSETS_DIR / f"{dataset}_vqgan.yaml"
-
-
 def default_vae(cache_dir: str | os.PathLike | None = None, dataset: str = "shapes"):
     """A built-in dataset's tokenizer (Shapes: 32 px -> 8x8 tokens): the shipped one, else a cached one, else
     train one with its recipe (minutes on a CPU)."""
-    from .vqgan import VQGanVAE
-
     if dataset not in RECIPES:
         raise ValueError(f"no default image tokenizer for dataset {dataset!r} (have: {', '.join(RECIPES)}); "
                          "give --vqgan_model_path and --vqgan_config_path")
@@ -48,7 +44,7 @@ def default_vae(cache_dir: str | os.PathLike | None = None, dataset: str = "shap
     cache = cache_root(cache_dir) / "vae"
     ckpt, yaml = cache / f"{name}.ckpt", cache / f"{name}.yaml"
     if not (ckpt.is_file() and yaml.is_file()):
-        from .train import VAETrainConfig, export_tokenizer, train_vae
+        from .train import VAETrainConfig, export_tokenizer, train_vae  # only when nothing is shipped or cached
 
         print(f"[dalle_lab] no {dataset} image tokenizer in {ASSETS_DIR} or {cache}: training one (a few minutes)")
         config = VAETrainConfig(out_dir=str(cache / f"{name}_run"), **RECIPES[dataset])

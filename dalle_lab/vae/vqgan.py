@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from . import taming_format
+from .shipped import shipped_with_hash
 
 KIND = "taming_vqgan"
 
@@ -169,14 +170,7 @@ def load_vae(identity_or_paths: Mapping[str, Any] | tuple | list, check_hash: bo
     model_path, config_path = identity["model_path"], identity["config_path"]
     if not Path(model_path).is_file() and identity.get("sha256"):
         # A checkpoint made elsewhere records that machine's path; a shipped default tokenizer is found by hash.
-        from .default import RECIPES, shipped_paths
-        from ..utils import file_sha256
-
-        for dataset in RECIPES:
-            shipped_ckpt, shipped_yaml = shipped_paths(dataset)
-            if shipped_ckpt.is_file() and file_sha256(shipped_ckpt) == identity["sha256"]:
-                model_path, config_path = shipped_ckpt, shipped_yaml
-                break
+        model_path, config_path = shipped_with_hash(identity["sha256"]) or (model_path, config_path)
     vae = VQGanVAE(model_path, config_path)
     if check_hash and identity.get("sha256") and vae.identity["sha256"] != identity["sha256"]:
         raise ValueError(

@@ -31,7 +31,7 @@ SAMPLINGS = (("default", "default", "default", "default"), ("t1", None, 1.0, 1.0
 def evaluate(checkpoint: Path, n_val: int, n_heldout: int, samplings, threads: int) -> dict:
     import torch
 
-    from dalle_lab.data.shapes import evaluate as checker_scores
+    from dalle_lab.data.checker import evaluate as checker_scores
     from dalle_lab.data.shapes import heldout_captions, validation_captions
     from dalle_lab.evaluate.shapes import heldout_losses
     from dalle_lab.training.checkpoint import load_dalle
