@@ -273,7 +273,10 @@ def _image_folder(root, count=4, size=(48, 40)):
 
 def test_random_resize_crop_lower_ratio_trains_on_folders_and_is_refused_elsewhere(tiny_vqgan, tmp_path, capsys):
     folder = _image_folder(tmp_path / "data")
+    from dalle_lab.tokenizers import DEFAULT_BPE_PATH
+
     code, checkpoint = train(tmp_path, *vqgan_flags(tiny_vqgan), "--image_text_folder", folder, "--epochs", "1",
+                             "--bpe_path", DEFAULT_BPE_PATH,
                              "--random_resize_crop_lower_ratio", "0.75", "--truncate_captions", steps=False)
     assert code == 0
     assert saved(checkpoint)["train_config"]["random_resize_crop_lower_ratio"] == 0.75

@@ -33,30 +33,47 @@ def folder(tmp_path):
 def test_indexes_recursively_and_reports_bad_files(folder, caplog):
     with caplog.at_level(logging.WARNING):
         dataset = TextImageFolder(folder, image_size=16)
-    # Colliding stems (cats/001, dogs/deep/001) stay separate items; the corrupt jpeg is not known yet.
-    assert dataset.keys == ["cats/001.png", "corrupt.jpeg", "dogs/deep/001.JPG"]
+    # Colliding stems (cats/001, dogs/deep/001) stay separate items; the jpeg whose header is garbage is left out.
+    assert dataset.keys == ["cats/001.png", "dogs/deep/001.JPG"]
     report = dataset.report
     assert report.missing_caption == ["no_caption.webp"] and report.empty_caption == ["empty.bmp"]
-    assert report.orphan_captions == ["lonely.txt"]
+    assert report.corrupt_image == ["corrupt.jpeg"] and report.orphan_captions == ["lonely.txt"]
+    assert report.blank_lines == ["cats/001.txt"] and report.images == 2 and report.skipped == 3
+    summary = report.summary().splitlines()
+    assert summary[0].endswith(": 2 usable image-caption pairs, 3 left out")
+    for name, fix in (("no_caption.webp", "add a same-name .txt"), ("empty.bmp", "write a caption"),
+                      ("corrupt.jpeg", "re-save them"), ("lonely.txt", "add the image"), ("cats/001.txt", "ignored")):
+        line = next(line for line in summary if name in line)
+        assert fix in line, line
     assert "no_caption.webp" in caplog.text and "empty.bmp" in caplog.text
     assert dataset.captions(0) == ["a red cat", "a crimson cat"]
 
 
-def test_corrupt_image_is_reported_and_replaced(folder, caplog):
+def test_truncated_image_is_reported_once_counted_and_replaced(folder, caplog):
+    """Its header is fine, so indexing keeps it; loading finds it cut, names it, counts it, and moves on."""
+    import io
+
+    import numpy as np
+
+    noise = np.random.default_rng(0).integers(0, 256, (64, 64, 3), dtype=np.uint8)  # large enough to cut
+    whole = io.BytesIO()
+    Image.fromarray(noise).save(whole, "JPEG")
+    (folder / "cut.jpg").write_bytes(whole.getvalue()[: len(whole.getvalue()) // 2])
+    (folder / "cut.txt").write_text("a picture cut in half")
     dataset = TextImageFolder(folder, image_size=16)
+    assert "cut.jpg" in dataset.keys
     with caplog.at_level(logging.WARNING):
-        image, caption = dataset[1]  # corrupt.jpeg: replaced by the next good item
-    assert caption == "a blue dog" and image.shape == (3, 16, 16)
-    assert dataset.report.corrupt_image == ["corrupt.jpeg"]
-    assert "corrupt.jpeg" in caplog.text and dataset.report.images == 2
-    assert "corrupt image: 1 (corrupt.jpeg)" in dataset.report.summary()
-    # verify_images finds it while indexing instead.
+        image, caption = dataset.get(dataset.keys.index("cut.jpg"), caption_draw=0)
+    assert caption == "a blue dog" and image.shape == (3, 16, 16)  # the next good item
+    assert dataset.report.corrupt_image == ["corrupt.jpeg", "cut.jpg"] and dataset.report.images == 2
+    assert "cut.jpg cannot be decoded" in caplog.text and "re-save or delete it" in caplog.text
+    # verify_images decodes everything while indexing instead
     verified = TextImageFolder(folder, image_size=16, verify_images=True)
-    assert verified.keys == ["cats/001.png", "dogs/deep/001.JPG"] and verified.report.corrupt_image == ["corrupt.jpeg"]
+    assert verified.keys == ["cats/001.png", "dogs/deep/001.JPG"]
 
 
 def test_items_are_resized_centre_cropped_tensors(folder):
-    image, caption = TextImageFolder(folder, image_size=16)[2]
+    image, caption = TextImageFolder(folder, image_size=16)[1]
     assert image.shape == (3, 16, 16) and image.dtype == torch.float32
     assert torch.allclose(image[:, 8, 8], torch.tensor([30, 30, 200]) / 255, atol=0.01)
     assert caption == "a blue dog"
@@ -94,12 +111,12 @@ class CharTokenizer:
 
 def test_tokenizer_gives_tokens_and_names_the_file_of_a_long_caption(folder):
     dataset = TextImageFolder(folder, image_size=8, tokenizer=CharTokenizer(), text_seq_len=16)
-    tokens, image = dataset[2]
+    tokens, image = dataset[1]
     assert tokens.shape == (16,) and tokens[0] == ord("a") and tokens[10:].eq(0).all()
     with pytest.raises(ValueError, match=r"001\.txt.*truncate_captions"):
-        TextImageFolder(folder, image_size=8, tokenizer=CharTokenizer(), text_seq_len=4)[2]
+        TextImageFolder(folder, image_size=8, tokenizer=CharTokenizer(), text_seq_len=4)[1]
     truncated = TextImageFolder(folder, image_size=8, tokenizer=CharTokenizer(), text_seq_len=4, truncate_captions=True)
-    assert truncated[2][0].tolist() == [ord(c) for c in "a bl"]
+    assert truncated[1][0].tolist() == [ord(c) for c in "a bl"]
     with pytest.raises(ValueError, match="text_seq_len"):
         TextImageFolder(folder, tokenizer=CharTokenizer())
 
@@ -107,9 +124,58 @@ def test_tokenizer_gives_tokens_and_names_the_file_of_a_long_caption(folder):
 def test_empty_or_missing_folder_is_a_clear_error(tmp_path):
     with pytest.raises(FileNotFoundError, match="does not exist"):
         TextImageFolder(tmp_path / "nowhere")
-    image_file(tmp_path / "a.png")
-    with pytest.raises(ValueError, match="(?s)no usable image-caption pairs.*no caption file: 1"):
+    with pytest.raises(ValueError, match="holds no images .*each with a same-name .txt caption file"):
         TextImageFolder(tmp_path)
+    (tmp_path / "a.txt").write_text("a caption alone")
+    with pytest.raises(ValueError, match=r"1 .txt files found without an image"):
+        TextImageFolder(tmp_path)
+    image_file(tmp_path / "b.png")
+    with pytest.raises(ValueError, match=r"no usable image-caption pairs in .* \(1 image\(s\) without a caption file \(b.png\)\)"):
+        TextImageFolder(tmp_path)
+
+
+def test_non_utf8_caption_files_are_named_with_the_fix(tmp_path):
+    for name in ("a", "b"):
+        image_file(tmp_path / f"{name}.png")
+    (tmp_path / "a.txt").write_text("a good caption", encoding="utf-8")
+    (tmp_path / "b.txt").write_bytes("une pomme d\xe9licieuse".encode("latin-1"))
+    with pytest.raises(ValueError, match=r"1 caption file\(s\) in .* are not UTF-8 text \(b.txt\): convert them, e.g. "
+                                         r"iconv -f latin1 -t utf-8"):
+        TextImageFolder(tmp_path)
+    with pytest.raises(ValueError, match="b.txt is not UTF-8 text"):
+        list(iter_folder_captions(tmp_path))
+    (tmp_path / "b.txt").write_bytes("\ufeffune pomme d\xe9licieuse\n".encode("utf-8"))  # UTF-8 with a BOM is fine
+    assert TextImageFolder(tmp_path).captions(1) == ["une pomme d\xe9licieuse"]
+
+
+def _png(path, mode, value):
+    """A 4x4 PNG of one PIL mode, every pixel `value` (16-bit written through numpy: PIL's own I;16 fill)."""
+    import numpy as np
+
+    if mode == "I;16":
+        Image.fromarray(np.full((4, 4), value, np.uint16)).save(path)
+    elif mode == "P":
+        image = Image.new("P", (4, 4), 0)
+        image.putpalette([*value, *([0] * 765)])
+        image.save(path)
+    else:
+        Image.new(mode, (4, 4), value).save(path)
+
+
+@pytest.mark.parametrize("mode,value,rgb", [
+    ("L", 64, (64, 64, 64)),
+    ("I;16", 51400, (200, 200, 200)),  # 16-bit: 51400 / 257 = 200, not PIL's clipped 255
+    ("P", (10, 120, 230), (10, 120, 230)),
+    ("RGBA", (0, 0, 255, 0), (255, 255, 255)),  # fully transparent: white, not the hidden blue
+    ("LA", (0, 128), (128, 128, 128)),  # half-transparent black on white
+])
+def test_grayscale_16bit_palette_and_transparent_pngs_load_as_their_colours(tmp_path, mode, value, rgb):
+    _png(tmp_path / "x.png", mode, value)
+    (tmp_path / "x.txt").write_text("a caption")
+    dataset = TextImageFolder(tmp_path, image_size=4)
+    image, _ = dataset[0]
+    assert torch.allclose(image[:, 2, 2], torch.tensor(rgb, dtype=torch.float32) / 255, atol=1.5 / 255)
+    assert dataset.report.converted and "converted to RGB (x.png)" in dataset.report.summary()
 
 
 def test_iter_folder_captions_yields_every_line_once(folder):

@@ -105,7 +105,7 @@ def test_corrupt_images_and_missing_captions_are_named_counted_and_skipped(tiny_
         index = pretokenize(str(folder), tmp_path / "tokens", VQGanVAE(*tiny_vqgan), shard_size=4, progress=False,
                             num_workers=2)  # found by a worker: reported by the main process all the same
     assert index["items"] == 6 and index["complete"]
-    assert "skipping broken.png" in caplog.text and "lonely.png" in caplog.text
+    assert "(broken.png)" in caplog.text and "lonely.png" in caplog.text  # broken.png: found by its header
     text = summary(index)
     assert "6 images tokenized" in text and "2 skipped" in text and "broken.png: corrupt image" in text
     assert "lonely.png: no caption file" in text
@@ -186,7 +186,10 @@ def test_another_vqgan_than_the_shards_were_made_with_is_one_line_naming_both(to
 
     from test_cli import script_main
 
-    assert script_main("train_dalle.py", "--image_text_folder", tokens, "--vqgan_model_path", other[0],
+    from dalle_lab.tokenizers import DEFAULT_BPE_PATH
+
+    assert script_main("train_dalle.py", "--image_text_folder", tokens, "--bpe_path", DEFAULT_BPE_PATH,
+                       "--vqgan_model_path", other[0],
                        "--vqgan_config_path", other[1], "--output_dir", tmp_path / "cli", "--max_steps", "1") == 1
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "was tokenized with the VQGAN" in err

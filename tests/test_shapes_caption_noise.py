@@ -191,7 +191,7 @@ def test_caption_noise_is_refused_out_of_range_and_off_the_shapes_data(tiny_vqga
 
 def test_training_reads_the_noisy_stream_and_a_resume_with_another_share_is_refused(tiny_vqgan, tmp_path,
                                                                                      monkeypatch):
-    from dalle_lab.training import run_setup
+    from dalle_lab.training import sources
     from dalle_lab.training.checkpoint import CheckpointError, save_checkpoint
     from dalle_lab.training.loop import train
     from dalle_lab.training.resume import settings_from_checkpoint
@@ -203,7 +203,7 @@ def test_training_reads_the_noisy_stream_and_a_resume_with_another_share_is_refu
             super().__init__(*args, **kwargs)
             streams.append(self)
 
-    monkeypatch.setattr(run_setup, "ShapesStream", Recorded)
+    monkeypatch.setattr(sources, "ShapesStream", Recorded)
     train(tiny_config(tiny_vqgan, tmp_path, max_steps=4, batch_size=2, caption_noise=0.25), TINY, stop_at_step=2)
     assert [s.caption_noise for s in streams] == [0.25]
     ckpt = torch.load(tmp_path / "dalle.pt", weights_only=True)

@@ -4,6 +4,7 @@ import math
 import pytest
 import torch
 
+from dalle_lab.tokenizers import DEFAULT_BPE_PATH
 from dalle_lab.training.config import TrainConfig
 from dalle_lab.training.loop import NonFiniteLossError, train
 from dalle_lab.training.schedule import LRSchedule
@@ -12,7 +13,11 @@ TINY_MODEL = dict(dim=32, depth=1, heads=2, dim_head=16, null_cond_prob=0.0)
 
 
 def tiny_config(tiny_vqgan, output_dir, **overrides) -> TrainConfig:
+    """A tiny run. Folders of these tests hold Shapes-like captions: they name the shipped Shapes vocabulary (a
+    user's folder must name a vocabulary, see tokenizer_choice.py)."""
     ckpt, yaml = tiny_vqgan
+    if overrides.get("image_text_folder"):
+        overrides.setdefault("bpe_path", str(DEFAULT_BPE_PATH))
     settings = dict(vqgan_model_path=str(ckpt), vqgan_config_path=str(yaml), batch_size=4, max_steps=6,
                     warmup_steps=2, output_dir=str(output_dir), save_every_n_steps=0, sample_every_n_steps=0,
                     progress=False, log_every_n_steps=1, seed=3)
@@ -239,7 +244,7 @@ def test_resuming_with_other_data_is_refused(tiny_vqgan, tmp_path):
 
 
 def test_unknown_builtin_dataset_is_named():
-    from dalle_lab.training.run_setup import builtin_name
+    from dalle_lab.training.sources import builtin_name
 
     with pytest.raises(ValueError, match="'mnist'.*shapes"):
         builtin_name(TrainConfig(dataset="mnist"))

@@ -8,6 +8,7 @@ import torch
 
 pytest.importorskip("deepspeed")
 
+from dalle_lab.tokenizers import DEFAULT_BPE_PATH  # noqa: E402
 from dalle_lab.training.checkpoint import load_dalle  # noqa: E402
 from dalle_lab.training.config import TrainConfig  # noqa: E402
 from dalle_lab.training.deepspeed_engine import build_deepspeed_config  # noqa: E402
@@ -22,6 +23,8 @@ def ds_config(tiny_vqgan, output_dir, **overrides) -> TrainConfig:
     settings = dict(vqgan_model_path=str(ckpt), vqgan_config_path=str(yaml), batch_size=4, max_steps=4,
                     warmup_steps=2, output_dir=str(output_dir), save_every_n_steps=0, sample_every_n_steps=0,
                     progress=False, log_every_n_steps=1, seed=5, deepspeed=True, amp=True)
+    if overrides.get("image_text_folder"):  # a folder's run names its vocabulary (the shipped one: Shapes captions)
+        overrides.setdefault("bpe_path", str(DEFAULT_BPE_PATH))
     settings.update(overrides)
     return TrainConfig(**settings)
 

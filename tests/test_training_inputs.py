@@ -66,8 +66,9 @@ def test_truncate_cuts_and_skip_leaves_out_and_reports(tiny_vqgan, tmp_path, cap
     skipped = train(tiny_config(tiny_vqgan, tmp_path / "skip", image_text_folder=str(folder), batch_size=1,
                                 max_steps=None, epochs=1, skip_long_captions=True), TINY)
     assert skipped.step == 3  # 2.png had only the long caption: left out, like a corrupt image
-    assert "every caption longer than text_seq_len: 1 (2.png)" in caplog.text
-    assert "caption lines longer than text_seq_len, left out: 2" in caplog.text
+    err = capsys.readouterr().err
+    assert "1 image(s) with every caption longer than text_seq_len, left out (2.png)" in err
+    assert "2 caption line(s) longer than text_seq_len, left out" in err
     with pytest.raises(ValueError, match="give one of them"):
         train(tiny_config(tiny_vqgan, tmp_path / "both", image_text_folder=str(folder), truncate_captions=True,
                           skip_long_captions=True), TINY)

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from dalle_lab.tokenizers import DEFAULT_BPE_PATH
 from dalle_lab.training.interrupt import HOLD_VARIABLE
 from test_cli import ROOT, script_main, vqgan_flags
 from test_training_resume import assert_same_weights, two_caption_folder
@@ -98,7 +99,9 @@ def check_interrupted(out: Path, code: int, output: str, sig, held_at: int) -> i
 
 
 def check_interrupted_run_resumes_exactly(tiny_vqgan, tmp_path, capsys, data_flags, sig, max_steps=16):
-    args = [*vqgan_flags(tiny_vqgan), *RANDOM_FLAGS, *data_flags, "--max_steps", max_steps]
+    # a folder's or shards' run names its vocabulary: the shipped one (these captions are Shapes captions)
+    args = [*vqgan_flags(tiny_vqgan), "--bpe_path", DEFAULT_BPE_PATH, *RANDOM_FLAGS, *data_flags, "--max_steps",
+            max_steps]
     assert script_main("train_dalle.py", *args, "--output_dir", tmp_path / "straight") == 0
     out = tmp_path / "interrupted"
     held_at = hold_step(os.environ.get("PYTEST_CURRENT_TEST", ""), max_steps)

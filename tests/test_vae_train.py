@@ -113,10 +113,10 @@ def test_finite_datasets_are_read_in_seeded_epochs_and_resume_at_the_same_batch(
 
 def test_training_groupnorms_compute_in_float32_with_taming_weights_and_keys():
     from dalle_lab.vae import taming_format
-    from dalle_lab.vae.train import Float32GroupNorm, _build_run, model_config
+    from dalle_lab.vae.train import Float32GroupNorm, build_run, model_config
 
     cfg = VAETrainConfig(ch_mult=(1, 2), image_size=16, n_embed=16)
-    run = _build_run(cfg, torch.device("cpu"))
+    run = build_run(cfg, torch.device("cpu"))
     swapped = [m for m in run.model.modules() if isinstance(m, torch.nn.GroupNorm)]
     assert swapped and all(type(m) is Float32GroupNorm for m in swapped)
     plain = taming_format.build_model(model_config(cfg))
@@ -130,3 +130,54 @@ def test_training_groupnorms_compute_in_float32_with_taming_weights_and_keys():
         out = norm(x.bfloat16())
     assert out.dtype == torch.float32  # not bf16, whatever autocast hands it
     torch.testing.assert_close(out, reference(x.bfloat16().float()))
+
+
+def _photo_folder(root, n=12, size=20):
+    """Random-noise 'photos' with captions (a VAE does not read the captions)."""
+    from PIL import Image
+
+    root.mkdir(parents=True, exist_ok=True)
+    rng = torch.Generator().manual_seed(0)
+    for i in range(n):
+        pixels = (torch.rand(size, size, 3, generator=rng) * 255).to(torch.uint8).numpy()
+        Image.fromarray(pixels).save(root / f"{i}.png")
+        (root / f"{i}.txt").write_text(f"photo {i}\n")
+    return root
+
+
+def test_train_vae_command_on_a_folder_prints_held_out_psnr_speed_and_the_flags(tmp_path, capsys):
+    import train_vae
+
+    folder = _photo_folder(tmp_path / "photos")
+    flags = ["--data", str(folder), "--image_size", "16", "--ch_mult", "1", "2", "--n_embed", "32", "--steps", "3",
+             "--batch_size", "4", "--no-progress", "--threads", "1", "--out_dir", str(tmp_path / "vae"),
+             "--val_every", "0", "--sample_every", "0", "--save_every", "0"]
+    assert train_vae.main(flags) == 0
+    out = capsys.readouterr().out
+    # 12 images: a tenth (1) is held out; PSNR and the speed are reported with what they were measured on
+    assert "reconstruction: PSNR " in out and " dB on 1 held-out images of " in out
+    assert "s per 1000 steps (3 steps this run" in out
+    assert f"--vqgan_model_path {tmp_path / 'vae' / 'vqgan.ckpt'} --vqgan_config_path" in out
+    assert VQGanVAE(tmp_path / "vae" / "vqgan.ckpt", tmp_path / "vae" / "vqgan.yaml").image_size == 16
+
+
+@pytest.mark.parametrize("flags,message", [
+    (["--data", "no/such/folder"], "--data no/such/folder: no such folder"),
+    (["--data", "photos", "--image_size", "50"], "--image_size 50 is impossible with --ch_mult 1 2 2: it downsamples "
+                                                 "4x, so the size must be a multiple of 4"),
+    (["--data", "photos", "--image_size", "4"], "--image_size 4 is impossible"),
+    (["--data", "broken"], "no usable image-caption pairs in"),
+])
+def test_train_vae_command_mistakes_are_one_line(tmp_path, capsys, monkeypatch, flags, message):
+    import train_vae
+
+    monkeypatch.chdir(tmp_path)
+    _photo_folder(tmp_path / "photos", n=3)
+    (tmp_path / "broken").mkdir()
+    for i in range(3):  # files with an image name that hold no image
+        (tmp_path / "broken" / f"{i}.jpg").write_bytes(b"not an image")
+        (tmp_path / "broken" / f"{i}.txt").write_text("a caption")
+    assert train_vae.main([*flags, "--steps", "1", "--no-progress", "--out_dir", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("train_vae.py: error: ") and message in err and err.count("\n") == 1, err
+    assert not (tmp_path / "out").exists()  # nothing written for a run that cannot start

@@ -27,8 +27,9 @@ def main(argv=None) -> int:
     cfg, model_overrides = config_from_args(args)
     cfg = epochs_end_the_run(cfg, given_flags(argv))
 
-    from dalle_lab.training.checkpoint import CheckpointError, read_checkpoint
-    from dalle_lab.training.loop import NonFiniteLossError, train
+    from dalle_lab.training.checkpoint import read_checkpoint
+    from dalle_lab.training.errors import CheckpointError, NonFiniteLossError
+    from dalle_lab.training.loop import train
     from dalle_lab.training.run_setup import resume_path
     from dalle_lab.training.resume import settings_from_checkpoint
 
@@ -46,7 +47,8 @@ def main(argv=None) -> int:
 
     if result.checkpoint_path and env_dist_info().is_main:
         print(f"checkpoint: {result.checkpoint_path}")
-        print(f"generate:   python generate.py --dalle_path {result.checkpoint_path} --text \"a red circle\"")
+        caption = "a caption like your data's" if cfg.image_text_folder else "a red circle"
+        print(f"generate:   python generate.py --dalle_path {result.checkpoint_path} --text \"{caption}\"")
     return 130 if result.stopped_because == "interrupted" else 0  # 128 + SIGINT, as shells report an interrupt
 
 

@@ -4,7 +4,8 @@ See docs/data.md for the caption grammar, the splits, the checker's attributes a
 """
 from .builtin import BUILTIN_DATASETS, builtin_dataset
 from .emoji import EmojiDataset
-from .folder import FolderReport, TextImageFolder, iter_folder_captions
+from .folder import TextImageFolder, iter_folder_captions
+from .folder_report import FolderReport
 from .shapes import (
     DEFAULT_IMAGE_SIZE,
     Scene,

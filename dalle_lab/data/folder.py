@@ -5,68 +5,48 @@
       dogs/001.png   dogs/001.txt      same stem in another folder: a different item (keyed by relative path)
 
 Images: .png .jpg .jpeg .bmp .webp (any case), found recursively. The caption file is the image's path with the
-extension replaced by .txt. Bad data is reported and skipped, never silently dropped and never a crash:
-- an image without a caption file, or whose caption file has no non-blank line: found while indexing;
-- an image PIL cannot decode: found when it is loaded (or while indexing with `verify_images=True`); the item is
-  replaced by the next good one.
-`dataset.report` holds the counts and relative paths; a summary is logged as a warning.
+extension replaced by .txt, read as UTF-8. What indexing finds is checked before anything trains on it, and every
+problem is one line of `report.summary()` naming the files and the fix (folder_report.py):
+- an image without a caption file, or whose caption file has no non-blank line: left out, counted and named;
+- a caption file without an image: ignored, counted and named; blank lines inside a caption file: ignored, counted;
+- a file with an image extension that PIL cannot identify: left out while indexing (only its header is read);
+- an image whose data is cut or broken past its header: found when it is loaded, reported once, counted, and the
+  item replaced by the next good one (decoding every image up front would cost minutes on a large folder);
+- a caption file that is not UTF-8 text: an error naming the files, before anything trains on mis-read text;
+- an empty folder, or none usable: an error.
+Grayscale, 16-bit, palette and transparent images are converted to RGB correctly (transforms.to_rgb).
 """
 from __future__ import annotations
 
 import logging
 import os
 import random
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
 from torch.utils.data import Dataset
 
+from .folder_report import FolderReport, names
 from .transforms import load_image
 
 logger = logging.getLogger(__name__)
 
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".webp")
-_NAMES_IN_SUMMARY = 5
 
 
-@dataclass
-class FolderReport:
-    """What indexing and loading an image-text folder found. Paths are relative to `root`."""
-
-    root: str
-    images: int = 0  # usable image-caption pairs
-    missing_caption: list[str] = field(default_factory=list)  # images without a .txt
-    empty_caption: list[str] = field(default_factory=list)  # .txt without a non-blank line
-    corrupt_image: list[str] = field(default_factory=list)  # images PIL could not decode
-    long_caption: list[str] = field(default_factory=list)  # images left with no caption short enough (skipped)
-    long_caption_lines: int = 0  # caption lines longer than text_seq_len, left out (skip_long_captions)
-    orphan_captions: list[str] = field(default_factory=list)  # .txt files without an image (informational)
-
-    @property
-    def skipped(self) -> int:
-        return len(self.missing_caption) + len(self.empty_caption) + len(self.corrupt_image) + len(self.long_caption)
-
-    def summary(self) -> str:
-        def names(paths: list[str]) -> str:
-            shown = ", ".join(paths[:_NAMES_IN_SUMMARY])
-            return shown + (f", ... ({len(paths) - _NAMES_IN_SUMMARY} more)" if len(paths) > _NAMES_IN_SUMMARY else "")
-
-        lines = [f"{self.root}: {self.images} usable image-caption pairs, {self.skipped} skipped"]
-        for label, paths in (("no caption file", self.missing_caption), ("empty caption file", self.empty_caption),
-                             ("corrupt image", self.corrupt_image),
-                             ("every caption longer than text_seq_len", self.long_caption),
-                             ("caption file without an image (ignored)", self.orphan_captions)):
-            if paths:
-                lines.append(f"  {label}: {len(paths)} ({names(paths)})")
-        if self.long_caption_lines:
-            lines.append(f"  caption lines longer than text_seq_len, left out: {self.long_caption_lines}")
-        return "\n".join(lines)
+class CaptionEncodingError(ValueError):
+    """Caption files that are not UTF-8 text."""
 
 
-def _read_captions(path: Path) -> list[str]:
-    text = path.read_text(encoding="utf-8", errors="replace")
-    return [line.strip() for line in text.splitlines() if line.strip()]
+def read_caption_file(path: Path) -> tuple[list[str], int]:
+    """(non-blank caption lines, number of blank lines between them) of a UTF-8 caption file (a BOM is dropped).
+    Raises UnicodeDecodeError for other encodings: mis-decoded captions would train the model on garbage."""
+    text = path.read_bytes().decode("utf-8-sig")
+    lines = [line.strip() for line in text.splitlines()]
+    while lines and not lines[-1]:  # a trailing newline (or several) is not a blank caption line
+        lines.pop()
+    captions = [line for line in lines if line]
+    return captions, len(lines) - len(captions)
 
 
 def _scan(root: Path) -> tuple[list[Path], dict[Path, Path]]:
@@ -91,37 +71,36 @@ def _check_root(root) -> Path:
     return root
 
 
+def _image_mode(path: Path) -> str:
+    """The image's PIL mode, from its header alone (tens of microseconds). Raises for a file PIL cannot identify."""
+    from PIL import Image
+
+    with Image.open(path) as image:
+        return image.mode
+
+
 class CaptionLines:
-    """Items with one or more caption lines each, and the caption checks training runs before step 1. Shared by
-    TextImageFolder and the pre-tokenized TokenShards (tokens.py); a subclass holds `keys`, `_captions` (a list of
-    lines per item) and `report` (a FolderReport), and says where an item's captions came from (`_caption_source`
-    for messages, `_caption_key` for the unknown-word report) and how to drop items (`_keep`)."""
+    """Items with one or more caption lines each. Shared by TextImageFolder and the pre-tokenized TokenShards
+    (tokens.py), so training checks both the same way (training/captions.py); a subclass holds `keys`,
+    `_captions` (a list of lines per item) and `report` (a FolderReport), and says where an item's captions came
+    from (`_caption_source` for messages, `_caption_key` for the unknown-word report) and how to drop items
+    (`_keep`)."""
 
     def caption_lines_by_file(self) -> dict[str, list[str]]:
         """Every usable caption line, keyed by its caption file (relative path)."""
         return {self._caption_key(i): list(lines) for i, lines in enumerate(self._captions)}
 
-    def check_caption_lengths(self, count_tokens, text_seq_len: int, mode: str = "error") -> None:
-        """Check every caption line against text_seq_len before training: `count_tokens(list of captions)` gives
-        their token counts. mode "error": ValueError naming the first too-long line's file and line number;
-        "truncate": nothing to do (the tokenizer cuts); "skip": leave such lines out, and images left without a
-        line out of the dataset, counted in the report like corrupt images."""
-        if mode == "truncate":
-            return
-        flat = [(i, n, line) for i, lines in enumerate(self._captions) for n, line in enumerate(lines, 1)]
-        lengths = count_tokens([line for _, _, line in flat])
-        long = [(i, n, line, tokens) for (i, n, line), tokens in zip(flat, lengths) if tokens > text_seq_len]
-        if not long:
-            return
-        if mode == "error":
-            i, n, line, tokens = long[0]
-            from dalle_lab.tokenizers.base import shorten
+    def numbered_caption_lines(self) -> list[tuple[int, int, str]]:
+        """(item, line number from 1, caption) for every caption line."""
+        return [(i, n, line) for i, lines in enumerate(self._captions) for n, line in enumerate(lines, 1)]
 
-            more = f" ({len(long) - 1} more such lines)" if len(long) > 1 else ""
-            raise ValueError(f"{self._caption_source(i)}, line {n}: caption {shorten(line)} is {tokens} tokens long but "
-                             f"text_seq_len is {text_seq_len}{more}: pass --truncate_captions to cut such captions, "
-                             f"--skip_long_captions to leave them out, or a larger --text_seq_len")
-        drop = {(i, n) for i, n, _, _ in long}
+    def caption_source(self, index: int) -> str:
+        """Where item `index`'s captions come from, for messages."""
+        return self._caption_source(index)
+
+    def drop_caption_lines(self, drop: set[tuple[int, int]]) -> None:
+        """Leave out the (item, line number) caption lines, and items left without a line, counted in the report
+        (as captions longer than text_seq_len: the one reason training drops lines)."""
         kept = []
         for i, key in enumerate(self.keys):
             lines = [line for n, line in enumerate(self._captions[i], 1) if (i, n) not in drop]
@@ -130,13 +109,9 @@ class CaptionLines:
                 kept.append(i)
             else:
                 self.report.long_caption.append(key)
-        self.report.long_caption_lines += len(long)
+        self.report.long_caption_lines += len(drop)
         self._keep(kept)
         self.report.images = len(self.keys)
-        logger.warning("image-text folder: %s", self.report.summary())
-        if not self.keys:
-            raise ValueError(f"every caption in {str(self.report.root)!r} is longer than text_seq_len {text_seq_len}: "
-                             f"raise --text_seq_len or pass --truncate_captions")
 
     def captions(self, index: int) -> list[str]:
         return list(self._captions[index])
@@ -148,11 +123,14 @@ class TextImageFolder(CaptionLines, Dataset):
     Images are scaled (shorter side to `image_size`) and centre-cropped; with crop_lower_ratio < 1 a random square
     covering at least that fraction of the largest square is cut out instead (transforms.random_square_crop), drawn
     from the item's caption draw, so training crops depend on (seed, epoch, position) only. A caption that does not
-    fit `text_seq_len` raises a ValueError naming its file unless `truncate_captions=True`.
+    fit `text_seq_len` raises a ValueError naming its file unless `truncate_captions=True`. `verify_images=True`
+    decodes every image while indexing (slow on large folders) instead of only reading its header. The report
+    (`report.summary()`) is logged as a warning unless `warn=False`.
     """
 
     def __init__(self, root, image_size: int = 32, tokenizer=None, text_seq_len: int | None = None,
-                 truncate_captions: bool = False, verify_images: bool = False, crop_lower_ratio: float = 1.0):
+                 truncate_captions: bool = False, verify_images: bool = False, crop_lower_ratio: float = 1.0,
+                 warn: bool = True):
         self.root = _check_root(root)
         if not 0.0 < crop_lower_ratio <= 1.0:
             raise ValueError(f"--random_resize_crop_lower_ratio {crop_lower_ratio} must be in (0, 1] (DALLE-pytorch "
@@ -163,13 +141,21 @@ class TextImageFolder(CaptionLines, Dataset):
         self.image_size, self.tokenizer = int(image_size), tokenizer
         self.text_seq_len, self.truncate_captions = text_seq_len, truncate_captions
         self.report = FolderReport(str(self.root))
-
-        images, texts = _scan(self.root)
         self.keys: list[str] = []  # relative image paths: unique even when stems repeat across folders
         self._images: list[Path] = []
         self._captions: list[list[str]] = []
         self._caption_files: list[Path] = []
-        used_texts = set()
+        self._index(verify_images)
+        if warn and (self.report.problems() or self.report.converted):  # warn=False: the caller reports it
+            logger.warning("%s", self.report.summary())
+
+    def _index(self, verify_images: bool) -> None:
+        images, texts = _scan(self.root)
+        if not images:
+            raise ValueError(f"image-text folder {self.root} holds no images ({' '.join(IMAGE_EXTENSIONS)}, found "
+                             f"recursively): put the images there, each with a same-name .txt caption file"
+                             + (f" ({len(texts)} .txt files found without an image)" if texts else ""))
+        used_texts, not_utf8 = set(), []
         for image in images:
             key = image.relative_to(self.root).as_posix()
             caption_file = texts.get(image.with_suffix(""))
@@ -177,42 +163,55 @@ class TextImageFolder(CaptionLines, Dataset):
                 self.report.missing_caption.append(key)
                 continue
             used_texts.add(caption_file)
-            captions = _read_captions(caption_file)
+            try:
+                captions, blank = read_caption_file(caption_file)
+            except UnicodeDecodeError:
+                not_utf8.append(self._relative(caption_file))
+                continue
+            if blank:
+                self.report.blank_lines.append(self._relative(caption_file))
             if not captions:
                 self.report.empty_caption.append(key)
                 continue
-            if verify_images and not self._verify(image, key):
+            if not self._readable(image, key, verify_images):
                 continue
             self.keys.append(key)
             self._images.append(image)
             self._captions.append(captions)
             self._caption_files.append(caption_file)
-        self.report.orphan_captions = sorted(
-            p.relative_to(self.root).as_posix() for p in set(texts.values()) - used_texts)
+        self.report.orphan_captions = sorted(self._relative(p) for p in set(texts.values()) - used_texts)
         self.report.images = len(self.keys)
-        if self.report.skipped or self.report.orphan_captions:
-            logger.warning("image-text folder: %s", self.report.summary())
+        if not_utf8:
+            first = self.root / not_utf8[0]
+            raise CaptionEncodingError(
+                f"{len(not_utf8)} caption file(s) in {self.root} are not UTF-8 text ({names(not_utf8)}): convert "
+                f"them, e.g. iconv -f latin1 -t utf-8 {first} > tmp.txt && mv tmp.txt {first}")
         if not self.keys:
-            raise ValueError(f"no usable image-caption pairs in {str(self.root)!r}: each image "
-                             f"({', '.join(IMAGE_EXTENSIONS)}) needs a same-stem .txt with at least one caption line."
-                             f"\n{self.report.summary()}")
+            raise ValueError(f"no usable image-caption pairs in {self.root} ({self.report.brief()}): each image "
+                             f"({' '.join(IMAGE_EXTENSIONS)}) needs a same-name .txt with at least one caption line")
 
-    def _verify(self, image: Path, key: str) -> bool:
-        from PIL import Image
+    def _relative(self, path: Path) -> str:
+        return path.relative_to(self.root).as_posix()
 
+    def _readable(self, image: Path, key: str, verify_images: bool) -> bool:
+        """Its header identifies an image PIL can open (and, with verify_images, the whole file decodes)."""
         try:
-            with Image.open(image) as handle:
-                handle.load()
-            return True
+            mode = _image_mode(image)
+            if verify_images:
+                load_image(image, 8)
         except Exception as error:  # PIL raises many types for bad files
-            self._mark_corrupt(key, error)
+            self.report.corrupt_image.append(key)
+            self.report.corrupt_reason.setdefault(key, f"{type(error).__name__}: {error}".replace(str(image), key))
             return False
+        self.report.count_mode(mode, key)
+        return True
 
     def _mark_corrupt(self, key: str, error: Exception) -> None:
         if key not in self.report.corrupt_image:
             self.report.corrupt_image.append(key)
             self.report.images -= 1
-            logger.warning("skipping corrupt image %s in %s (%s: %s)", key, self.root, type(error).__name__, error)
+            logger.warning("%s/%s cannot be decoded (%s: %s): left out (%d so far); re-save or delete it",
+                           self.root, key, type(error).__name__, error, len(self.report.corrupt_image))
 
     def __len__(self) -> int:
         return len(self.keys)
@@ -221,7 +220,7 @@ class TextImageFolder(CaptionLines, Dataset):
         return str(self._caption_files[index])
 
     def _caption_key(self, index: int) -> str:
-        return self._caption_files[index].relative_to(self.root).as_posix()
+        return self._relative(self._caption_files[index])
 
     def _keep(self, positions: list[int]) -> None:
         self.keys = [self.keys[i] for i in positions]
@@ -255,7 +254,7 @@ class TextImageFolder(CaptionLines, Dataset):
     def get(self, index: int, caption_draw: int | None = None):
         """Item `index` with caption line `caption_draw % lines` (None: a `random` line). Training passes a draw
         derived from (seed, epoch, position), so the caption never depends on which worker loads the item."""
-        # A corrupt image is reported once and replaced by the next item, so one bad file never stops training.
+        # A broken image is reported once and replaced by the next item, so one bad file never stops training.
         for attempt in range(len(self.keys)):
             position = (index + attempt) % len(self.keys)
             key = self.keys[position]
@@ -273,11 +272,13 @@ class TextImageFolder(CaptionLines, Dataset):
             if self.tokenizer is None:
                 return image, caption
             return self._tokenize(caption, position), image
-        raise RuntimeError(f"every image in {str(self.root)!r} failed to load:\n{self.report.summary()}")
+        raise RuntimeError(f"every image in {self.root} failed to load ({self.report.brief()}): re-save them or "
+                           "replace them")
 
 
 def iter_folder_captions(root) -> Iterator[str]:
-    """Every non-blank caption line of every image's caption file under root (for training a vocabulary)."""
+    """Every non-blank caption line of every image's caption file under root (for training a vocabulary).
+    A caption file that is not UTF-8 raises ValueError naming it."""
     root = _check_root(root)
     images, texts = _scan(root)
     seen = set()  # photo.png and photo.jpg share photo.txt: read it once
@@ -285,4 +286,10 @@ def iter_folder_captions(root) -> Iterator[str]:
         caption_file = texts.get(image.with_suffix(""))
         if caption_file is not None and caption_file not in seen:
             seen.add(caption_file)
-            yield from _read_captions(caption_file)
+            try:
+                yield from read_caption_file(caption_file)[0]
+            except UnicodeDecodeError as error:
+                raise CaptionEncodingError(
+                    f"caption file {caption_file} is not UTF-8 text ({error.reason} at byte {error.start}): convert "
+                    f"it, e.g. iconv -f latin1 -t utf-8 {caption_file} > tmp.txt && mv tmp.txt {caption_file}"
+                ) from error

@@ -1,9 +1,9 @@
 """Encode an image-text folder or WebDataset shards with a VQGAN once, into token shards (format: tokens.py).
 
-    python -m dalle_lab.data.pretokenize --image_text_folder data/ --out tokens/
-    python -m dalle_lab.data.pretokenize --image_text_folder 'shards/{000..009}.tar' --wds jpg,txt \
-        --vqgan_model_path vqgan.ckpt --vqgan_config_path vqgan.yaml --out tokens/ --device cuda
-    python train_dalle.py --image_text_folder tokens/          # trains without running the VQGAN encoder
+    pretokenize(source, out, vae)          # the library; its command line is dalle_lab.training.pretokenize:
+    python -m dalle_lab.training.pretokenize --image_text_folder data/ --out tokens/ \
+        --vqgan_model_path vqgan.ckpt --vqgan_config_path vqgan.yaml
+    python train_dalle.py --image_text_folder tokens/ --bpe_path my.model    # no VQGAN encoder while training
 
 Why: every training step would otherwise run the VQGAN encoder on its batch (for an f16 VQGAN at 256 px that costs
 as much as the transformer, see docs/training.md), and the codes of an image never change.
@@ -102,9 +102,10 @@ def _folder_chunks(root, image_size: int, shard_size: int, num_workers: int):
     from .folder import TextImageFolder
 
     folder = TextImageFolder(root, image_size=image_size)
-    report = folder.report  # what indexing found: images without (usable) caption files
+    report = folder.report  # what indexing found: images without (usable) caption files, unidentifiable images
     skipped = [{"item": key, "reason": "no caption file"} for key in report.missing_caption] + \
-              [{"item": key, "reason": "empty caption file"} for key in report.empty_caption]
+              [{"item": key, "reason": "empty caption file"} for key in report.empty_caption] + \
+              [{"item": key, "reason": "corrupt image (cannot be decoded)"} for key in report.corrupt_image]
 
     def chunk(start: int):
         def items():
@@ -198,51 +199,5 @@ def _write_index(out: Path, index: dict) -> None:
     atomic_write(out / fmt.INDEX, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
 
 
-# ------------------------------------------------------------------------------------------------ command line
-
-def main(argv=None) -> int:
-    import argparse
-
-    parser = argparse.ArgumentParser(prog="python -m dalle_lab.data.pretokenize", description=__doc__.split("\n")[0])
-    parser.add_argument("--image_text_folder", required=True, help="folder of images + .txt, or shard urls with --wds")
-    parser.add_argument("--wds", default=None, help="read WebDataset shards (e.g. jpg,txt, as train_dalle.py)")
-    parser.add_argument("--out", required=True, help="output directory (created; a killed run's is continued)")
-    parser.add_argument("--vqgan_model_path", default=None, help="taming VQGAN .ckpt (none: --dataset's default)")
-    parser.add_argument("--vqgan_config_path", default=None, help="taming VQGAN .yaml")
-    parser.add_argument("--dataset", default="shapes", help="whose default image tokenizer to use without --vqgan_*")
-    parser.add_argument("--shard_size", type=int, default=1000, help="images per output shard (folders)")
-    parser.add_argument("--batch_size", type=int, default=32, help="images per VQGAN forward")
-    parser.add_argument("--num_workers", type=int, default=0, help="image-decoding workers (folders)")
-    parser.add_argument("--device", default="auto", help="auto|cpu|cuda")
-    parser.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True)
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.WARNING, format="%(message)s")
-    try:
-        vae = load_tokenizer(args.vqgan_model_path, args.vqgan_config_path, args.dataset)
-        from dalle_lab.utils import pick_device
-
-        vae = vae.to(pick_device(args.device))
-        index = pretokenize(args.image_text_folder, args.out, vae, wds=bool(args.wds), shard_size=args.shard_size,
-                            batch_size=args.batch_size, num_workers=args.num_workers, progress=args.progress)
-    except (FileNotFoundError, ValueError) as error:
-        print(f"pretokenize: error: {error}", file=sys.stderr)
-        return 1
-    print(f"train: python train_dalle.py --image_text_folder {args.out}")
-    return 0
-
-
-def load_tokenizer(model_path, config_path, dataset: str = "shapes"):
-    """The VQGAN named by paths, else the built-in dataset's default one (as train_dalle.py chooses)."""
-    if (model_path is None) != (config_path is None):
-        raise ValueError("give both --vqgan_model_path (.ckpt) and --vqgan_config_path (.yaml), or neither")
-    if model_path:
-        from dalle_lab.vae import VQGanVAE
-
-        return VQGanVAE(model_path, config_path)
-    from dalle_lab.vae import default_vae
-
-    return default_vae(dataset=dataset)
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+if __name__ == "__main__":  # the command line moved up to training/, where the run's VQGAN is chosen
+    sys.exit("the command is python -m dalle_lab.training.pretokenize (same flags)")

@@ -1,7 +1,7 @@
 """Pre-tokenized data: images encoded once by a VQGAN into code ids, stored with all their captions.
 
-Written by `python -m dalle_lab.data.pretokenize` (pretokenize.py); read by training when --image_text_folder
-names a directory holding an `index.json` of this format:
+Written by `python -m dalle_lab.training.pretokenize` (data/pretokenize.py does the work); read by training when
+--image_text_folder names a directory holding an `index.json` of this format:
 
     tokens/
       index.json              format, the VQGAN's identity (path + sha256, as checkpoints record it), image size,
@@ -27,7 +27,8 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from .folder import CaptionLines, FolderReport
+from .folder import CaptionLines
+from .folder_report import FolderReport
 
 FORMAT = "dalle_lab.tokens/1"
 INDEX = "index.json"

@@ -9,9 +9,13 @@ import torch
 
 def to_rgb(image, background=(255, 255, 255)):
     """A PIL image as RGB; transparent pixels are composited over `background` (transparent PNGs keep their look
-    instead of showing whatever colour their invisible pixels happen to store)."""
+    instead of showing whatever colour their invisible pixels happen to store), and 16-bit grayscale is scaled to
+    8 bits (PIL's own conversion clips it, so nearly every pixel would come out white)."""
     from PIL import Image
 
+    if image.mode.startswith("I"):  # I;16, I;16B, I;16L (16-bit PNG / TIFF) and I (16-bit values in 32 bits)
+        levels = np.asarray(image, dtype=np.float64) / 257  # 65535 -> 255
+        return Image.fromarray(np.rint(levels.clip(0, 255)).astype(np.uint8), "L").convert("RGB")
     if image.mode in ("RGBA", "LA") or (image.mode == "P" and "transparency" in image.info):
         rgba = image.convert("RGBA")
         canvas = Image.new("RGBA", rgba.size, tuple(background) + (255,))

@@ -12,7 +12,11 @@
 from __future__ import annotations
 
 import logging
+import math
 from functools import lru_cache
+
+from dalle_lab.data.folder import CaptionLines
+from dalle_lab.tokenizers.base import shorten
 
 logger = logging.getLogger(__name__)
 
@@ -26,12 +30,29 @@ def long_caption_mode(truncate: bool, skip: bool) -> str:
     return "truncate" if truncate else "skip" if skip else "error"
 
 
-def too_long_message(where: str, caption: str, tokens: int, text_seq_len: int) -> str:
-    from dalle_lab.tokenizers.base import shorten
-
-    return (f"{where}: caption {shorten(caption)} is {tokens} tokens long but text_seq_len is {text_seq_len}: pass "
-            f"--truncate_captions to cut such captions, --skip_long_captions to leave them out, or a larger "
-            f"--text_seq_len")
+def too_long_message(where: str, caption: str, tokens: int, text_seq_len: int, tokenizer=None,
+                     more: str = "", every: int = 0) -> str:
+    """One line for a caption longer than text_seq_len. When the vocabulary does not know some of its words (it
+    spells them letter by letter, so the caption is long because the vocabulary is wrong), it says that instead
+    of suggesting truncation, which would cut the caption to a few letters. `every`: the number of captions when
+    all of them are too long (then the context is too short for this data: cutting or skipping cannot help)."""
+    words = unknown_words(tokenizer, caption, known_words_of(tokenizer)) if tokenizer is not None else []
+    # the pieces the unknown words are spelt in beyond one token each: without them, would the caption fit?
+    spelt_out = sum(len(tokenizer.encode(word)) - 1 for word in words)
+    if words and tokens - spelt_out <= text_seq_len:
+        shown = ", ".join(repr(w) for w in words[:_WORDS_SHOWN]) + (", ..." if len(words) > _WORDS_SHOWN else "")
+        return (f"{where}: caption {shorten(caption)} is {tokens} tokens long but text_seq_len is {text_seq_len}{more}, "
+                f"because the text vocabulary {tokenizer.path} does not know {len(words)} of its words ({shown}) and "
+                f"spells them piece by piece: give a vocabulary trained on your captions (--bpe_path auto, or "
+                f"python -m dalle_lab.tokenizers.train --input FOLDER --vocab_size N --output my.model) rather than "
+                f"cutting the captions")
+    if every:
+        return (f"every one of the {every} captions is longer than text_seq_len {text_seq_len}; the longest is "
+                f"{where}: {shorten(caption)}, {tokens} tokens: pass --text_seq_len {tokens} (or --text_seq_len auto, "
+                f"which measures your captions)")
+    return (f"{where}: caption {shorten(caption)} is {tokens} tokens long but text_seq_len is {text_seq_len}{more}: "
+            f"pass --truncate_captions to cut such captions, --skip_long_captions to leave them out, or a larger "
+            f"--text_seq_len (--text_seq_len auto measures your captions)")
 
 
 class LongCaptionCheck:
@@ -51,48 +72,90 @@ class LongCaptionCheck:
             logger.warning("skipping shard sample %s: caption of %d tokens, text_seq_len is %d", where, tokens,
                            self.text_seq_len)
             return False
-        raise ValueError(too_long_message(f"shard sample {where}", caption, tokens, self.text_seq_len))
+        raise ValueError(too_long_message(f"shard sample {where}", caption, tokens, self.text_seq_len,
+                                          self.tokenizer))
 
 
 def check_dataset_captions(dataset, tokenizer, text_seq_len: int, mode: str, say=print):
     """Check every caption of a map-style dataset before training; returns the dataset to train on (long
-    captions left out in mode "skip"). TextImageFolder checks each caption line of each file; a dataset with
-    `captions()` (one per item, e.g. the built-in emoji data) each item's caption. Unknown words are counted per
-    caption file and reported through `say`."""
-    count = _token_counter(tokenizer)
-    if hasattr(dataset, "check_caption_lengths"):  # TextImageFolder: files with caption lines
-        dataset.check_caption_lengths(count, text_seq_len, mode)
-        by_file = dataset.caption_lines_by_file()
-    elif hasattr(dataset, "captions"):
-        captions = dataset.captions()
-        lengths = count(captions)
-        long = [i for i, n in enumerate(lengths) if n > text_seq_len]
-        if long and mode == "error":
-            i = long[0]
-            more = f" ({len(long)} such captions)" if len(long) > 1 else ""
-            raise ValueError(too_long_message(f"{type(dataset).__name__} item {i}", captions[i], lengths[i],
-                                              text_seq_len) + more)
-        if long and mode == "skip":
-            import torch
-
-            say(f"skipping {len(long)} items whose caption is longer than text_seq_len {text_seq_len}")
-            dataset = torch.utils.data.Subset(dataset, sorted(set(range(len(captions))) - set(long)))
-        by_file = {}
-    else:
-        return dataset
-    if by_file:
-        report = unknown_words_report(tokenizer, by_file)
+    captions left out in mode "skip"). An image-text folder or token directory (CaptionLines) is checked line by
+    line; a dataset with `captions()` (one per item, e.g. the built-in emoji data) item by item. Unknown words
+    are counted per caption file and reported through `say`."""
+    if isinstance(dataset, CaptionLines):
+        _check_caption_lines(dataset, tokenizer, text_seq_len, mode, say)
+        report = unknown_words_report(tokenizer, dataset.caption_lines_by_file())
         if report:
             say(report)
+        return dataset
+    if not hasattr(dataset, "captions"):
+        return dataset
+    captions = dataset.captions()
+    lengths = _token_counter(tokenizer)(captions)
+    long = [i for i, n in enumerate(lengths) if n > text_seq_len]
+    if long and mode == "error":
+        i = long[0]
+        more = f" ({len(long)} such captions)" if len(long) > 1 else ""
+        raise ValueError(too_long_message(f"{type(dataset).__name__} item {i}", captions[i], lengths[i],
+                                          text_seq_len, tokenizer, more))
+    if long and mode == "skip":
+        import torch
+
+        say(f"skipping {len(long)} items whose caption is longer than text_seq_len {text_seq_len}")
+        dataset = torch.utils.data.Subset(dataset, sorted(set(range(len(captions))) - set(long)))
     return dataset
+
+
+def _check_caption_lines(dataset, tokenizer, text_seq_len: int, mode: str, say) -> None:
+    """mode "error": a ValueError naming the first too-long line's file and line number; "truncate": nothing to
+    do (the tokenizer cuts); "skip": leave such lines out, and items left without a line, counted."""
+    if mode == "truncate":
+        return
+    lines = dataset.numbered_caption_lines()
+    lengths = _token_counter(tokenizer)([line for _, _, line in lines])
+    long = [(i, n, line, tokens) for (i, n, line), tokens in zip(lines, lengths) if tokens > text_seq_len]
+    if not long:
+        return
+    i, n, line, tokens = max(long, key=lambda entry: entry[3]) if len(long) == len(lines) else long[0]
+    where = f"{dataset.caption_source(i)}, line {n}"
+    if len(long) == len(lines) and mode == "skip":  # nothing would be left to train on
+        raise ValueError(too_long_message(where, line, tokens, text_seq_len, tokenizer, every=len(lines)))
+    if mode == "error":
+        more = f" ({len(long) - 1} more such lines)" if len(long) > 1 else ""
+        raise ValueError(too_long_message(where, line, tokens, text_seq_len, tokenizer, more,
+                                          every=len(lines) if len(long) == len(lines) else 0))
+    dataset.drop_caption_lines({(i, n) for i, n, _, _ in long})
+    say(dataset.report.summary())
+
+
+def auto_text_seq_len(captions: list[tuple[str, str]], tokenizer, mode: str, say) -> int:
+    """--text_seq_len auto: every caption tokenized once, the length distribution printed, and the context chosen:
+    the longest caption rounded up to a multiple of 8 (nothing is cut or left out), or with --truncate_captions /
+    --skip_long_captions the 99th percentile rounded up (the longer captions are then cut or left out: counted
+    here with one example). `captions`: (where, caption) pairs."""
+    if not captions:
+        raise ValueError("--text_seq_len auto: the data holds no captions to measure")
+    lengths = _token_counter(tokenizer)([caption for _, caption in captions])
+    ordered = sorted(lengths)
+    median, p99, longest = ordered[len(ordered) // 2], ordered[math.ceil(0.99 * len(ordered)) - 1], ordered[-1]
+    basis, value = ("p99", p99) if mode in ("truncate", "skip") else ("the longest", longest)
+    chosen = max(8, 8 * math.ceil(value / 8))
+    say(f"--text_seq_len auto: {len(lengths)} captions of {ordered[0]}-{longest} tokens (median {median}, "
+        f"p99 {p99}, max {longest}): text_seq_len {chosen}, {basis} rounded up to a multiple of 8"
+        + ("" if basis == "p99" else " (with --truncate_captions or --skip_long_captions: p99 rounded up)"))
+    longer = [i for i, n in enumerate(lengths) if n > chosen]
+    if longer:
+        i = max(longer, key=lambda j: lengths[j])
+        where, caption = captions[i]
+        say(f"--text_seq_len auto: {len(longer)} of {len(lengths)} captions are longer than {chosen} tokens and will "
+            f"be {'cut' if mode == 'truncate' else 'left out'} (e.g. {where}: {shorten(caption)}, {lengths[i]} "
+            f"tokens); a number instead of auto keeps them")
+    return chosen
 
 
 def check_caption_set(captions: list[str], tokenizer, text_seq_len: int, mode: str, what: str) -> None:
     """For an endless stream drawn from a finite set of captions (the built-in Shapes grammar): every caption it
     can ever produce is checked before step 1. Leaving some out would change the stream itself, so only
     --truncate_captions or a longer text context fixes a caption that is too long."""
-    from dalle_lab.tokenizers.base import shorten
-
     if mode == "truncate":
         return
     lengths = _token_counter(tokenizer)(captions)

@@ -14,11 +14,15 @@ from .schedule import DECAYS
 
 # model fields the data decides (the tokenizer's vocab, the VAE's codebook and grid): not flags with a default
 DERIVED_MODEL_FIELDS = {"num_image_tokens", "image_fmap_size"}
+# fields whose flag also takes "auto" (measured from the data before step 1, see training/sources.py)
+AUTO_FIELDS = {"text_seq_len"}
 
 HELP = {
     "dim": "model width", "depth": "transformer blocks", "heads": "attention heads", "dim_head": "width per head",
     "num_text_tokens": "text vocabulary rows (default: the tokenizer's vocab_size)",
-    "text_seq_len": "text tokens per caption (default: 12, the longest Shapes caption; 24 with --dataset emoji)",
+    "text_seq_len": "text tokens per caption (default: 12, the longest Shapes caption; 24 with --dataset emoji); "
+                    "auto: measured on the data's captions before step 1 (the longest, rounded up to a multiple of 8; "
+                    "with --truncate_captions or --skip_long_captions the 99th percentile)",
     "loss_img_weight": "loss = (text + w * image) / (w + 1); 1 as CogView",
     "stable": "CogView PB-relax against low-precision overflow", "sandwich_norm": "LayerNorm after every branch",
     "attn_dropout": "attention dropout", "ff_dropout": "feed-forward dropout", "ff_mult": "feed-forward width factor",
@@ -41,8 +45,11 @@ HELP = {
     "num_workers": "data loader workers (folders)",
     "caption_noise": "built-in shapes: probability that a sample's caption has one attribute changed (the image "
                      "stays true)",
-    "bpe_path": "text vocabulary (.model youtokentome / .json HF tokenizers); none: the --dataset's shipped one",
-    "vqgan_model_path": "taming VQGAN .ckpt (with --vqgan_config_path); none: the --dataset's default tokenizer",
+    "bpe_path": "text vocabulary (.model youtokentome / .json HF tokenizers); auto: train one on the folder's "
+                "captions, saved beside the checkpoint; none: the built-in --dataset's shipped one (your own data "
+                "needs one)",
+    "vqgan_model_path": "taming VQGAN .ckpt (with --vqgan_config_path); none: the built-in --dataset's default "
+                        "tokenizer (your own data needs one: train_vae.py or python -m dalle_lab.vae.fetch)",
     "vqgan_config_path": "taming VQGAN .yaml",
     "discrete_vae_path": "a DALLE-pytorch DiscreteVAE file (its train_vae.py's .pt; --vae_path gives it too)",
     "epochs": "epochs over a folder/shards/emoji (not for the endless Shapes stream)",
@@ -93,6 +100,18 @@ def _base_type(annotation):
     return str
 
 
+def _int_or_auto(text: str):
+    if text == "auto":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number or auto, got {text!r}")
+
+
+_int_or_auto.__name__ = "a number or auto"
+
+
 def _comma_list(kind):
     def parse(text: str) -> tuple:
         try:
@@ -108,7 +127,7 @@ def _add_fields(group, cls, defaults, skip=(), none_default=()):
     for f in dataclasses.fields(cls):
         if f.name in skip:
             continue
-        kind = _base_type(hints[f.name])
+        kind = _int_or_auto if f.name in AUTO_FIELDS else _base_type(hints[f.name])
         default = None if f.name in none_default else getattr(defaults, f.name)
         help_text = HELP.get(f.name, f.name.replace("_", " "))
         if kind is bool:

@@ -14,6 +14,8 @@ import argparse
 import math
 from pathlib import Path
 
+from .tokenizer_choice import taming_without_paths, user_data
+
 
 class FlagError(ValueError):
     """A DALLE-pytorch flag that cannot apply here; the message is one line naming the fix."""
@@ -37,7 +39,9 @@ def add_train_flags(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--stable_softmax", action="store_true", help="the same as --stable")
     group.add_argument("--reversible", action="store_true",
                        help="memory saving: --gradient_checkpointing (reversible layers are not implemented)")
-    group.add_argument("--taming", action="store_true", help="accepted: the VQGAN is the only image tokenizer here")
+    group.add_argument("--taming", action="store_true",
+                       help="accepted: the VQGAN is the only image tokenizer here; nothing downloads, so your own data "
+                            "needs --vqgan_model_path/--vqgan_config_path (python -m dalle_lab.vae.fetch gets one)")
     group.add_argument("--hug", action="store_true", help="--bpe_path is a HuggingFace tokenizers JSON (checked)")
     group.add_argument("--chinese", action="store_true", help="no Chinese vocabulary ships: train one, --bpe_path")
     group.add_argument("--vae_path", default=None,
@@ -78,15 +82,26 @@ def apply_train_flags(args: argparse.Namespace) -> list[str]:
     if values.get("vae_path"):
         _vae_path(args, values["vae_path"], notes)
     if values.get("taming"):
-        notes.append("--taming: the VQGAN is dalle_lab's only image tokenizer; "
-                     + ("using --vqgan_model_path/--vqgan_config_path" if args.vqgan_model_path else
-                        "nothing is downloaded: the --dataset's default VQGAN is used unless you give "
-                        "--vqgan_model_path/--vqgan_config_path"))
+        _taming(args, notes)
     if values.get("hug"):
         check_hug(args.bpe_path, notes)
     if values.get("chinese"):
         check_chinese(args.bpe_path, notes)
     return [n for n in notes if n]
+
+
+def _taming(args, notes: list[str]) -> None:
+    """--taming asked DALLE-pytorch to download the ImageNet VQGAN when no paths were given. Nothing downloads
+    here: with paths it is what they name; on the user's own data without them it is an error saying how to get
+    one (tokenizer_choice.py); on a built-in dataset, a resume or token shards the usual VQGAN, with a note."""
+    if args.vqgan_model_path:
+        notes.append("--taming: the VQGAN is dalle_lab's only image tokenizer; using --vqgan_model_path/"
+                     "--vqgan_config_path")
+    elif user_data(args) and not args.resume and not args.dalle_path:
+        raise FlagError(taming_without_paths(args.image_text_folder))
+    else:
+        notes.append("--taming: the VQGAN is dalle_lab's only image tokenizer; nothing is downloaded: the "
+                     "checkpoint's, the token data's or the --dataset's default VQGAN is used")
 
 
 def _fp16(args) -> str:

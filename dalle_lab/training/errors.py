@@ -11,3 +11,7 @@ class CheckpointError(ValueError):
 class NonFiniteLossError(RuntimeError):
     """Too many non-finite losses in a row: the run is diverging."""
 
+
+class MissingTokenizerError(ValueError):
+    """The user's own data without a text vocabulary or an image tokenizer: the built-in data's would read it
+    wrongly, so the run stops before step 1 and says how to make the missing parts."""

@@ -1,8 +1,10 @@
 """The training loop: one function, `train(cfg)`, for the plain PyTorch path and DeepSpeed, one process or many.
 
-Per optimizer step: set the learning rate, run ga_steps micro-batches (tokenize captions, encode images with the
-frozen VAE, forward, backward), clip and step; then log, sample a grid and save a checkpoint at their intervals.
-A non-finite loss skips its micro-batch (counted); several in a row stop the run with advice.
+A run has parts, each set up in one place: the tokenizers (tokenizer_choice.py), the data (sources.py), the model
+and engine (run_setup.py), then the loop here. Per optimizer step: set the learning rate, run ga_steps
+micro-batches (tokenize captions, encode images with the frozen VAE, forward, backward), clip and step; then log,
+sample a grid and save a checkpoint at their intervals. A non-finite loss skips its micro-batch (counted); several
+in a row stop the run with advice. Stop requests (Ctrl-C, SIGTERM) end the run at a step boundary, saved.
 Everything a resume needs (weights, optimizer, schedule, scaler, step, data position, the wandb run id) goes into
 the checkpoint, and every random draw is derived from (seed, rank, step, position) (seeding.py), so k steps +
 resume + (N - k) steps equals N steps straight.
@@ -10,7 +12,6 @@ resume + (N - k) steps equals N steps straight.
 from __future__ import annotations
 
 import math
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,17 +20,17 @@ import torch
 
 from . import checkpoint as ckpt_io
 from . import run_setup as setup
+from . import sources
 from .batches import ShapesStream
 from .config import TrainConfig
-from .distributed import all_reduce_mean, any_rank, barrier, env_dist_info, gather_objects
-from .precision import resolve_precision
+from .distributed import DistInfo, all_reduce_mean, any_rank, barrier, env_dist_info, gather_objects
+from .errors import NonFiniteLossError
+from .interrupt import StepHold, StopRequests
+from .logging import RunLogger
 from .resume import check_resume_settings, run_facts
 from .schedule import LRSchedule
 from .seeding import seed_micro_batch
-
-
-class NonFiniteLossError(RuntimeError):
-    """Too many non-finite losses in a row: the run is diverging."""
+from .tokenizer_choice import RunTokenizers, choose_tokenizers
 
 
 @dataclass
@@ -41,183 +42,213 @@ class TrainResult:
     history: list[dict] = field(default_factory=list)  # per optimizer step: loss, loss_text, loss_img, lr, grad_norm
 
 
+@dataclass
+class _Run:
+    """A run once set up, and where it has got to."""
+
+    cfg: TrainConfig
+    dist: DistInfo
+    device: torch.device
+    tokenizers: RunTokenizers
+    model_config: dict
+    engine: object
+    source: object
+    schedule: LRSchedule
+    facts: dict
+    logger: RunLogger
+    latest_path: Path
+    sample_captions: list[str]
+    step: int = 0
+    nonfinite_total: int = 0
+    consecutive_nonfinite: int = 0
+    last_saved: int = -1
+    steps_this_run: int = 0
+    history: list[dict] = field(default_factory=list)
+
+    @property
+    def model(self):
+        return self.engine.module
+
+
 def train(cfg: TrainConfig, model_overrides: dict | None = None, *, tokenizer=None, vae=None,
           stop_at_step: int | None = None) -> TrainResult:
     """Train a DALLE as `cfg` says. `model_overrides` are DALLEConfig fields (dim, depth, ...); the rest come from
     DALLEConfig's defaults, the tokenizer (num_text_tokens) and the VAE (num_image_tokens, image_fmap_size).
-    `tokenizer` / `vae` objects may be given directly (tests, notebooks); otherwise they come from cfg's paths.
+    `tokenizer` / `vae` objects may be given directly (tests, notebooks); otherwise tokenizer_choice.py finds them.
     When resuming, the model config, tokenizer and VAE recorded in the checkpoint are used.
     `stop_at_step` stops (and checkpoints) early without changing the LR schedule's horizon, as a killed run would:
     the resume tests use it.
     """
+    run = _set_up(cfg, dict(model_overrides or {}), tokenizer, vae)
+    with StopRequests(notify=run.logger.message) as stop_requests:
+        try:
+            stopped = _train_steps(run, stop_requests, stop_at_step)
+            if run.step != run.last_saved:
+                _save(run)
+        except KeyboardInterrupt:
+            # a second Ctrl-C (or one before the handler was set): mid-step state is not a consistent checkpoint,
+            # so nothing is saved; the last checkpoint stays valid
+            run.logger.message(f"stopped at once; the last checkpoint ({run.latest_path}, step {run.last_saved}) is "
+                               "kept" if run.last_saved >= 0 else "stopped at once, before any checkpoint was written")
+            run.logger.close()
+            raise
+    if stopped == "interrupted":
+        run.logger.message(f"interrupted ({stop_requests.signal_name}): step {run.step} saved to {run.latest_path}; "
+                           "continue with --resume")
+    if cfg.sample_every_n_steps and run.step % cfg.sample_every_n_steps and run.steps_this_run:
+        _write_samples(run)
+    run.logger.message(f"stopped at step {run.step} ({stopped}); checkpoint: {run.latest_path}")
+    run.logger.close()
+    return TrainResult(run.step, run.latest_path if run.latest_path.exists() else None, stopped, run.nonfinite_total,
+                       run.history)
+
+
+# ------------------------------------------------------------------------------------------------ setting up
+
+def _set_up(cfg: TrainConfig, overrides: dict, tokenizer, vae) -> _Run:
+    """Every part of the run, in the order each needs the last: checkpoint, tokenizers, data, model, engine,
+    batches, schedule, resumed state, logger. Nothing here trains."""
+    sources.check_data_flags(cfg)
     dist = env_dist_info()
     device = setup.run_device(cfg, dist)
-
-    resume_path, resume_ckpt = setup.resume_checkpoint(cfg, model_overrides or {})
+    resume_path, resume_ckpt = setup.resume_checkpoint(cfg, overrides)
+    init_path = resume_path or cfg.dalle_path
     init_ckpt = resume_ckpt or (ckpt_io.read_checkpoint(cfg.dalle_path) if cfg.dalle_path else None)
-    if tokenizer is None:
-        tokenizer = (ckpt_io.tokenizer_from_identity(init_ckpt["tokenizer"], cfg.dalle_path or resume_path)
-                     if init_ckpt and cfg.bpe_path is None else setup.tokenizer_from_flags(cfg))
-    if vae is None:
-        vae = (ckpt_io.vae_from_identity(init_ckpt["vae"], cfg.dalle_path or resume_path)
-               if init_ckpt and cfg.vqgan_model_path is None else setup.vae_from_flags(cfg))
-    vae = vae.to(device).eval()
-    setup.check_token_vae(cfg, vae)
-    if init_ckpt:
-        ckpt_io.check_identities(init_ckpt, tokenizer.identity, vae.identity, resume_path or cfg.dalle_path)
+    notes: list[str] = []  # what set-up finds, shown after the run's first line (an error shows alone)
+    say = notes.append
+    tokenizers = choose_tokenizers(cfg, init_ckpt, init_path, tokenizer=tokenizer, vae=vae, dist=dist,
+                                   device=device)
+    tokenizers.vae = tokenizers.vae.to(device).eval()
+    dataset = sources.open_dataset(cfg, tokenizers.vae.image_size, say)
+    overrides = sources.resolve_text_seq_len(cfg, overrides, init_ckpt, tokenizers.text, dataset, say)
 
-    torch.manual_seed(cfg.seed)  # the same initial weights on every rank
-    model_config = setup.build_model_config(model_overrides or {}, tokenizer, vae, init_ckpt,
-                                            setup.dataset_model_defaults(cfg))
-    model = ckpt_io.build_model(model_config).to(device)
-    model.transformer.gradient_checkpointing = cfg.gradient_checkpointing  # changes memory and time, not numbers
-    if init_ckpt:
-        ckpt_io.load_model_state(model, init_ckpt["model"], resume_path or cfg.dalle_path)
-
-    from .engine import make_optimizer
-
-    optimizer = make_optimizer(model, cfg.learning_rate, cfg.weight_decay)
-    precision = resolve_precision(cfg.amp, device, cfg.amp_dtype)
-    engine = setup.make_engine(cfg, model, optimizer, precision, dist)
-    ga_steps, micro_batch = engine.ga_steps, engine.micro_batch_size
-
-    source = setup.make_source(cfg, dist, micro_batch, vae.image_size,
-                               resume_ckpt["data_position"] if resume_ckpt else None, tokenizer,
-                               model.config.text_seq_len)
-    setup.check_budget(cfg, source)
-    total_steps = setup.lr_horizon(cfg, source, ga_steps)
-    schedule = LRSchedule(cfg.learning_rate, cfg.warmup_steps, total_steps, cfg.lr_decay, cfg.min_lr_ratio,
-                          cfg.plateau_factor, cfg.plateau_patience)
-
-    facts = run_facts(world_size=dist.world_size, micro_batch=micro_batch, ga_steps=ga_steps, schedule=schedule)
-    step, nonfinite_total, wandb_run_id = 0, 0, None
-    if resume_ckpt:
-        check_resume_settings(resume_ckpt, cfg, model_overrides or {}, facts, resume_path)
-        engine.load_training_state(resume_ckpt, resume_path)
-        schedule.load_state_dict(resume_ckpt["scheduler"])
-        step = int(resume_ckpt["step"])
-        nonfinite_total = int(resume_ckpt.get("nonfinite_skipped", 0))
-        wandb_run_id = resume_ckpt.get("wandb_run_id")
-        # no RNG state to reload: every draw is re-derived from (seed, rank, step, ...), see seeding.py
-
-    from .logging import RunLogger
-
-    logger = RunLogger(dist.is_main, cfg.progress, cfg.wandb_name, cfg.wandb_entity, cfg.wandb_project, wandb_run_id,
+    model_config, engine = setup.model_and_engine(cfg, overrides, tokenizers, init_ckpt, init_path, device, dist)
+    model = engine.module
+    source = sources.make_source(cfg, dist, engine.micro_batch_size, tokenizers.vae.image_size,
+                                 resume_ckpt["data_position"] if resume_ckpt else None, tokenizers.text,
+                                 model.config.text_seq_len, dataset, say)
+    sources.check_budget(cfg, source)
+    schedule = LRSchedule(cfg.learning_rate, cfg.warmup_steps, sources.lr_horizon(cfg, source, engine.ga_steps),
+                          cfg.lr_decay, cfg.min_lr_ratio, cfg.plateau_factor, cfg.plateau_patience)
+    facts = run_facts(world_size=dist.world_size, micro_batch=engine.micro_batch_size, ga_steps=engine.ga_steps,
+                      schedule=schedule)
+    if resume_ckpt:  # refused before anything is logged, in one line naming every changed setting
+        check_resume_settings(resume_ckpt, cfg, overrides, facts, resume_path)
+    logger = RunLogger(dist.is_main, cfg.progress, cfg.wandb_name, cfg.wandb_entity, cfg.wandb_project,
+                       resume_ckpt.get("wandb_run_id") if resume_ckpt else None,
                        config={**cfg.to_dict(), "model": model_config},
                        metrics_path=Path(cfg.output_dir) / f"{cfg.dalle_output_file_name}-metrics.jsonl")
-    output_dir = Path(cfg.output_dir)
-    latest_path = output_dir / f"{cfg.dalle_output_file_name}.pt"
-    logger.message(setup.run_summary(cfg, model, precision, engine, dist, micro_batch, ga_steps, latest_path))
+    latest_path = Path(cfg.output_dir) / f"{cfg.dalle_output_file_name}.pt"
+    run = _Run(cfg, dist, device, tokenizers, model_config, engine, source, schedule, facts, logger, latest_path,
+               sources.grid_captions(cfg))
+    logger.message(tokenizers.describe())  # the run's first line: which vocabulary and image tokenizer, and why
+    for note in notes:
+        logger.message(note)
+    logger.message(setup.run_summary(cfg, model, engine.precision, engine, dist, engine.micro_batch_size,
+                                     engine.ga_steps, latest_path))
     if resume_ckpt:
-        logger.cut_metrics_back(step)
-        logger.message(f"resumed {resume_path} at step {step}")
-    sample_captions = setup.grid_captions(cfg)
-    tokens_per_sample = model.config.text_seq_len + model.config.image_seq_len
-    samples_per_step = micro_batch * ga_steps * dist.world_size
+        _restore(run, resume_ckpt, resume_path)
+    return run
 
-    def save(at_step: int) -> Path:
-        return _save(engine, dist, cfg, output_dir, latest_path, at_step, model_config, tokenizer, vae, schedule,
-                     source, nonfinite_total, logger.wandb_run_id, facts)
 
-    history: list[dict] = []
-    consecutive_nonfinite, last_saved, saved_path = 0, step if resume_ckpt else -1, None
-    stopped = "max_steps"
-    engine.train()
-    logger.start(step, cfg.max_steps)
-    run_start, steps_this_run = time.monotonic(), 0
-    from .interrupt import StepHold, StopRequests
+def _restore(run: _Run, ckpt: dict, path) -> None:
+    """Continue where the checkpoint stopped (its settings were checked in _set_up). No RNG state to reload: every
+    draw is re-derived from (seed, rank, step, ...), see seeding.py."""
+    run.engine.load_training_state(ckpt, path)
+    run.schedule.load_state_dict(ckpt["scheduler"])
+    run.step = run.last_saved = int(ckpt["step"])
+    run.nonfinite_total = int(ckpt.get("nonfinite_skipped", 0))
+    run.logger.cut_metrics_back(run.step)
+    run.logger.message(f"resumed {path} at step {run.step}")
 
-    stop_requests = StopRequests(notify=logger.message)
-    hold = StepHold.from_environment(output_dir, dist.rank)  # a test hook; does nothing unless its variable is set
-    try:
-        stop_requests.__enter__()
-        while True:
-            stopped = _budget_exhausted(cfg, step, source, run_start) or (
-                "stop_at_step" if stop_at_step is not None and step >= stop_at_step else None)
-            # every rank takes part, so all of them stop at the same step boundary and save it together
-            if any_rank(stop_requests.requested, device):
-                stopped = "interrupted"
-            if stopped:
-                break
-            step_start = time.monotonic()
-            lr = schedule.apply(engine.lr_optimizer) if engine.lr_optimizer is not None else math.nan
-            sums = torch.zeros(3, dtype=torch.float64)
-            done = attempt = 0
-            while done < ga_steps:
-                captions, images = source.next_batch()
-                # after the batch is fetched (starting a loader may draw from the global RNG): caption dropout and
-                # dropout depend only on (seed, rank, step, attempt), see seeding.py
-                seed_micro_batch(cfg.seed, dist.rank, step, attempt)
-                attempt += 1
-                text = tokenizer.tokenize(captions, model.config.text_seq_len,
-                                          truncate_text=cfg.truncate_captions).to(device)
-                if source.pretokenized:  # codes made once by pretokenize (the same VQGAN, checked at start)
-                    image_tokens = images.to(device)
-                else:
-                    with torch.no_grad():
-                        image_tokens = vae.get_codebook_indices(images.to(device))
-                last_micro = done + 1 == ga_steps
-                with engine.micro_batch(last_micro):  # DDP: no gradient all-reduce before the last micro-batch
-                    out = engine.forward(text, image_tokens)
-                    finite = not any_rank(not bool(torch.isfinite(out.loss.detach()).all()), device)
-                    if finite:
-                        engine.backward(out.loss, last_micro)
-                if not finite:
-                    nonfinite_total += 1
-                    consecutive_nonfinite += 1
-                    if consecutive_nonfinite >= cfg.max_nonfinite:
-                        raise NonFiniteLossError(
-                            f"the loss was not finite {consecutive_nonfinite} times in a row, last at step {step + 1} "
-                            f"(micro-batch {done + 1} of {ga_steps}); training is diverging. Try --stable (CogView's "
-                            f"PB-relax, optionally with --sandwich_norm), a lower --learning_rate (now "
-                            f"{cfg.learning_rate:g}), more --warmup_steps, or a smaller --clip_grad_norm")
-                    logger.message(f"step {step + 1}: non-finite loss, micro-batch skipped "
-                                   f"({consecutive_nonfinite} in a row, {nonfinite_total} in all)")
-                    continue
-                consecutive_nonfinite = 0
-                done += 1
-                sums += torch.tensor([out.loss.item(), out.loss_text.item(), out.loss_img.item()], dtype=torch.float64)
-            grad_norm, applied = engine.optimizer_step()
-            loss, loss_text, loss_img = all_reduce_mean((sums / ga_steps).tolist(), device)
-            schedule.step(loss)
-            step += 1
-            steps_this_run += 1
-            logger.advance()
-            elapsed = time.monotonic() - step_start
-            metrics = {"loss": loss, "loss_text": loss_text, "loss_img": loss_img, "lr": lr, "grad_norm": grad_norm,
-                       "step_applied": float(applied), "nonfinite_skipped": nonfinite_total,
-                       "samples_per_s": samples_per_step / elapsed,
-                       "tokens_per_s": samples_per_step * tokens_per_sample / elapsed}
-            history.append({"step": step, **metrics})
-            if step % cfg.log_every_n_steps == 0 or step == 1:
-                logger.log(step, metrics, _time_left(cfg, step, run_start, steps_this_run))
-            if cfg.sample_every_n_steps and step % cfg.sample_every_n_steps == 0:
-                _write_samples(engine, dist, vae, tokenizer, sample_captions, output_dir, step, logger)
-            if cfg.save_every_n_steps and step % cfg.save_every_n_steps == 0:
-                saved_path = save(step)
-                last_saved = step
-            hold.after_step(step, stop_requests)
-        if step != last_saved:
-            saved_path = save(step)
-            last_saved = step
-    except KeyboardInterrupt:
-        # a second Ctrl-C (or one before the handler was set): mid-step state is not a consistent checkpoint,
-        # so nothing is saved; the last checkpoint stays valid
-        logger.message(f"stopped at once; the last checkpoint ({latest_path}, step {last_saved}) is kept"
-                       if last_saved >= 0 else "stopped at once, before any checkpoint was written")
-        logger.close()
-        raise
-    finally:
-        stop_requests.__exit__(None, None, None)
-    if stopped == "interrupted":
-        logger.message(f"interrupted ({stop_requests.signal_name}): step {step} saved to {latest_path}; "
-                       "continue with --resume")
-    if cfg.sample_every_n_steps and step % cfg.sample_every_n_steps and steps_this_run:
-        _write_samples(engine, dist, vae, tokenizer, sample_captions, output_dir, step, logger)
-    logger.message(f"stopped at step {step} ({stopped}); checkpoint: {latest_path}")
-    logger.close()
-    return TrainResult(step, latest_path if (saved_path or latest_path.exists()) else None, stopped, nonfinite_total,
-                       history)
+
+# ------------------------------------------------------------------------------------------------ the loop
+
+def _train_steps(run: _Run, stop_requests: StopRequests, stop_at_step: int | None) -> str:
+    """Optimizer steps until the budget, `stop_at_step` or a stop request ends the run; returns why it ended."""
+    cfg = run.cfg
+    run.engine.train()
+    run.logger.start(run.step, cfg.max_steps)
+    hold = StepHold.from_environment(Path(cfg.output_dir), run.dist.rank)  # a test hook: inert unless its variable is set
+    run_start = time.monotonic()
+    samples_per_step = run.engine.micro_batch_size * run.engine.ga_steps * run.dist.world_size
+    tokens_per_sample = run.model.config.text_seq_len + run.model.config.image_seq_len
+    while True:
+        stopped = _budget_exhausted(cfg, run.step, run.source, run_start) or (
+            "stop_at_step" if stop_at_step is not None and run.step >= stop_at_step else None)
+        # every rank takes part, so all of them stop at the same step boundary and save it together
+        if any_rank(stop_requests.requested, run.device):
+            stopped = "interrupted"
+        if stopped:
+            return stopped
+        step_start = time.monotonic()
+        metrics = _optimizer_step(run)
+        run.step += 1
+        run.steps_this_run += 1
+        run.logger.advance()
+        elapsed = time.monotonic() - step_start
+        metrics.update(nonfinite_skipped=run.nonfinite_total, samples_per_s=samples_per_step / elapsed,
+                       tokens_per_s=samples_per_step * tokens_per_sample / elapsed)
+        run.history.append({"step": run.step, **metrics})
+        if run.step % cfg.log_every_n_steps == 0 or run.step == 1:
+            run.logger.log(run.step, metrics, _time_left(cfg, run.step, run_start, run.steps_this_run))
+        if cfg.sample_every_n_steps and run.step % cfg.sample_every_n_steps == 0:
+            _write_samples(run)
+        if cfg.save_every_n_steps and run.step % cfg.save_every_n_steps == 0:
+            _save(run)
+        hold.after_step(run.step, stop_requests)
+
+
+def _optimizer_step(run: _Run) -> dict:
+    """ga_steps finite micro-batches (non-finite ones skipped and counted), then one optimizer step."""
+    engine, model, cfg = run.engine, run.model, run.cfg
+    lr = run.schedule.apply(engine.lr_optimizer) if engine.lr_optimizer is not None else math.nan
+    sums = torch.zeros(3, dtype=torch.float64)
+    done = attempt = 0
+    while done < engine.ga_steps:
+        captions, images = run.source.next_batch()
+        # after the batch is fetched (starting a loader may draw from the global RNG): caption dropout and
+        # dropout depend only on (seed, rank, step, attempt), see seeding.py
+        seed_micro_batch(cfg.seed, run.dist.rank, run.step, attempt)
+        attempt += 1
+        text = run.tokenizers.text.tokenize(captions, model.config.text_seq_len,
+                                            truncate_text=cfg.truncate_captions).to(run.device)
+        if run.source.pretokenized:  # codes made once by pretokenize (the same VQGAN, checked at start)
+            image_tokens = images.to(run.device)
+        else:
+            with torch.no_grad():
+                image_tokens = run.tokenizers.vae.get_codebook_indices(images.to(run.device))
+        last_micro = done + 1 == engine.ga_steps
+        with engine.micro_batch(last_micro):  # DDP: no gradient all-reduce before the last micro-batch
+            out = engine.forward(text, image_tokens)
+            finite = not any_rank(not bool(torch.isfinite(out.loss.detach()).all()), run.device)
+            if finite:
+                engine.backward(out.loss, last_micro)
+        if not finite:
+            _count_nonfinite(run, done)
+            continue
+        run.consecutive_nonfinite = 0
+        done += 1
+        sums += torch.tensor([out.loss.item(), out.loss_text.item(), out.loss_img.item()], dtype=torch.float64)
+    grad_norm, applied = engine.optimizer_step()
+    loss, loss_text, loss_img = all_reduce_mean((sums / engine.ga_steps).tolist(), run.device)
+    run.schedule.step(loss)
+    return {"loss": loss, "loss_text": loss_text, "loss_img": loss_img, "lr": lr, "grad_norm": grad_norm,
+            "step_applied": float(applied)}
+
+
+def _count_nonfinite(run: _Run, done: int) -> None:
+    run.nonfinite_total += 1
+    run.consecutive_nonfinite += 1
+    cfg, in_a_row = run.cfg, run.consecutive_nonfinite
+    if in_a_row >= cfg.max_nonfinite:
+        raise NonFiniteLossError(
+            f"the loss was not finite {in_a_row} times in a row, last at step {run.step + 1} (micro-batch "
+            f"{done + 1} of {run.engine.ga_steps}); training is diverging. Try --stable (CogView's PB-relax, "
+            f"optionally with --sandwich_norm), a lower --learning_rate (now {cfg.learning_rate:g}), more "
+            f"--warmup_steps, or a smaller --clip_grad_norm")
+    run.logger.message(f"step {run.step + 1}: non-finite loss, micro-batch skipped ({in_a_row} in a row, "
+                       f"{run.nonfinite_total} in all)")
 
 
 # ------------------------------------------------------------------------------------------------ the budget
@@ -244,50 +275,50 @@ def _time_left(cfg: TrainConfig, step: int, run_start: float, steps_this_run: in
 
 # ------------------------------------------------------------------------------------------------ periodic work
 
-def _write_samples(engine, dist, vae, tokenizer, captions, output_dir: Path, step: int, logger) -> None:
+def _write_samples(run: _Run) -> None:
     """A grid of generated samples (rank 0; all ranks hold the full weights below ZeRO-3)."""
-    if not dist.is_main or not captions or getattr(engine, "zero_stage", 0) >= 3:
+    captions = run.sample_captions
+    if not run.dist.is_main or not captions or getattr(run.engine, "zero_stage", 0) >= 3:
         return
-    from dalle_lab.viz.grid import save_grid
-
     from dalle_lab.generate import GenerationConfig
     from dalle_lab.generate.folders import sample_images
+    from dalle_lab.viz.grid import save_grid
 
-    model = engine.module
+    model, vae, step = run.model, run.tokenizers.vae, run.step
     was_training = model.training
     model.eval()
     try:
-        with engine.precision.autocast():
-            images = sample_images(model, vae, tokenizer, captions, GenerationConfig(), seed=step)
+        with run.engine.precision.autocast():
+            images = sample_images(model, vae, run.tokenizers.text, captions, GenerationConfig(), seed=step)
     finally:
         model.train(was_training)
-    path = save_grid(images, output_dir / "samples" / f"step{step:08d}.png", nrow=4, scale=3, captions=captions,
-                     caption_height=12)
-    logger.log_images(step, images, captions)
-    logger.message(f"samples: {path}")
+    path = save_grid(images, Path(run.cfg.output_dir) / "samples" / f"step{step:08d}.png", nrow=4, scale=3,
+                     captions=captions, caption_height=12)
+    run.logger.log_images(step, images, captions)
+    run.logger.message(f"samples: {path}")
 
 
-def _save(engine, dist, cfg, output_dir, latest_path, step, model_config, tokenizer, vae, schedule, source,
-          nonfinite_total, wandb_run_id, facts) -> Path | None:
+def _save(run: _Run) -> None:
     """Collective: every rank contributes its RNG state (and, under DeepSpeed, writes its own engine files); rank 0
     writes the checkpoint file, then moves the latest link, then deletes what rotation drops (in that order, each
     durable before the next: a crash leaves the previous checkpoint whole)."""
+    cfg, step = run.cfg, run.step
     rng = gather_objects(ckpt_io.capture_rng())
+    output_dir = Path(cfg.output_dir)
     step_path = ckpt_io.step_checkpoint_path(output_dir, cfg.dalle_output_file_name, step)
-    parts = engine.checkpoint_parts(step_path)
-    path = None
-    if dist.is_main:
+    parts = run.engine.checkpoint_parts(step_path)
+    if run.dist.is_main:
         checkpoint = ckpt_io.make_checkpoint(
-            config=model_config, tokenizer_identity=tokenizer.identity, vae_identity=vae.identity, **parts,
-            scheduler=schedule.state_dict(), step=step, epoch=source.epoch, data_position=source.position, rng=rng,
-            train_config=_jsonable(cfg.to_dict()), run=facts, wandb_run_id=wandb_run_id,
-            nonfinite_skipped=nonfinite_total, engine=engine.kind)
+            config=run.model_config, tokenizer_identity=run.tokenizers.text.identity,
+            vae_identity=run.tokenizers.vae.identity, **parts, scheduler=run.schedule.state_dict(), step=step,
+            epoch=run.source.epoch, data_position=run.source.position, rng=rng, train_config=_jsonable(cfg.to_dict()),
+            run=run.facts, wandb_run_id=run.logger.wandb_run_id, nonfinite_skipped=run.nonfinite_total,
+            engine=run.engine.kind)
         ckpt_io.save_checkpoint(checkpoint, step_path)
-        ckpt_io.link_latest(step_path, latest_path)
+        ckpt_io.link_latest(step_path, run.latest_path)
         ckpt_io.rotate_checkpoints(output_dir, cfg.dalle_output_file_name, cfg.keep_n_checkpoints, step)
-        path = latest_path
     barrier()
-    return path
+    run.last_saved = step
 
 
 def _jsonable(value):

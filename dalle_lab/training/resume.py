@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from .checkpoint import CheckpointError
+from .errors import CheckpointError
 from .config import TrainConfig
 
 # TrainConfig fields that shape the trained weights. The tokenizer and image tokenizer paths are not here: their
@@ -62,6 +62,8 @@ def changed_settings(ckpt: dict, cfg: TrainConfig, model_overrides: dict, facts:
         # a field the checkpoint predates (e.g. attn_types, rotary_emb) rebuilds with its default: compare with that
         saved_model = {**_model_defaults(), **saved_model}
     for name, value in sorted(model_overrides.items()):
+        if value == "auto":  # --text_seq_len auto: a continued run keeps the checkpoint's
+            continue
         if name in saved_model and name not in _DERIVED_MODEL_FIELDS and not _same(value, saved_model[name]):
             changed.append(_flag(name, value, saved_model[name]))
     saved_facts = (ckpt.get("run") or {}) if facts is not None else {}

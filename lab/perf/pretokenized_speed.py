@@ -92,17 +92,22 @@ class StepClock:
 
 def run_case(name: str, work: Path, images: int, image_size: int, batch_size: int, steps: int, vqgan,
              amp: bool) -> dict:
-    from dalle_lab.data.pretokenize import load_tokenizer, pretokenize
+    from dalle_lab.data.pretokenize import pretokenize
+    from dalle_lab.tokenizers import DEFAULT_BPE_PATH
     from dalle_lab.training.config import TrainConfig
     from dalle_lab.training.loop import train
+    from dalle_lab.training.tokenizer_choice import image_tokenizer_for_pretokenize
 
     folder = shapes_folder(work / f"{name}_images", images, image_size)
-    vae = load_tokenizer(*(vqgan or (None, None)))
+    vae = image_tokenizer_for_pretokenize(str(folder), *(vqgan or (None, None)), dataset=None if vqgan else "shapes")
     start = time.perf_counter()
     pretokenize(str(folder), work / f"{name}_tokens", vae, batch_size=batch_size, progress=False)
     pretokenize_s = time.perf_counter() - start
-    vqgan_flags = {"vqgan_model_path": str(vqgan[0]), "vqgan_config_path": str(vqgan[1])} if vqgan else {}
-    common = dict(batch_size=batch_size, max_steps=steps, sample_every_n_steps=0, save_every_n_steps=0,
+    from dalle_lab.vae.assets import shipped_paths
+
+    vqgan_files = vqgan or shipped_paths("shapes")  # a Shapes folder: the built-in tokenizer, named explicitly
+    vqgan_flags = {"vqgan_model_path": str(vqgan_files[0]), "vqgan_config_path": str(vqgan_files[1])}
+    common = dict(bpe_path=str(DEFAULT_BPE_PATH), batch_size=batch_size, max_steps=steps, sample_every_n_steps=0, save_every_n_steps=0,
                   progress=False, log_every_n_steps=10**6, amp=amp)
     row = {"images": images, "image_size": image_size, "fmap_size": vae.fmap_size, "codebook": vae.num_tokens,
            "batch_size": batch_size, "steps": steps, "pretokenize_s": pretokenize_s,

@@ -20,7 +20,7 @@ def main(argv=None) -> int:
 
     import torch
 
-    from dalle_lab.vae.train import Float32GroupNorm, VAETrainConfig, _build_run, _datasets, _train_step, image_batches
+    from dalle_lab.vae.train import Float32GroupNorm, VAETrainConfig, build_run, image_batches, train_step, training_data
 
     torch.set_num_threads(args.threads)
     print(f"train_vae step time, batch {args.batch_size}, {args.threads} threads:")
@@ -29,20 +29,20 @@ def main(argv=None) -> int:
                                                 ("float32", "fp32", True)):
         cfg = VAETrainConfig(precision=precision, batch_size=args.batch_size, val_size=8)
         torch.manual_seed(0)
-        run = _build_run(cfg, torch.device("cpu"))
+        run = build_run(cfg, torch.device("cpu"))
         if not float32_groupnorm:  # back to torch's own GroupNorm: same object, same weights
             for module in run.model.modules():
                 if isinstance(module, Float32GroupNorm):
                     module.__class__ = torch.nn.GroupNorm
         amp = torch.bfloat16 if precision == "bf16" else None
-        source, _ = _datasets(cfg)
+        source, _ = training_data(cfg)
         batches = image_batches(source, cfg, 0)
         images = [next(batches) for _ in range(args.steps + 2)]
         for x in images[:2]:
-            _train_step(run, cfg, x, None, amp)
+            train_step(run, cfg, x, None, amp)
         start = time.perf_counter()
         for x in images[2:]:
-            _train_step(run, cfg, x, None, amp)
+            train_step(run, cfg, x, None, amp)
         print(f"  {label:50s} {(time.perf_counter() - start) / args.steps:.3f} s/step")
     return 0
 
