@@ -103,7 +103,7 @@ def run_case(name: str, work: Path, images: int, image_size: int, batch_size: in
     start = time.perf_counter()
     pretokenize(str(folder), work / f"{name}_tokens", vae, batch_size=batch_size, progress=False)
     pretokenize_s = time.perf_counter() - start
-    from dalle_lab.vae.assets import shipped_paths
+    from dalle_lab.vae.shipped import shipped_paths
 
     vqgan_files = vqgan or shipped_paths("shapes")  # a Shapes folder: the built-in tokenizer, named explicitly
     vqgan_flags = {"vqgan_model_path": str(vqgan_files[0]), "vqgan_config_path": str(vqgan_files[1])}

@@ -69,7 +69,7 @@ def two_object_captions(split: str, n: int, seed: int = 0) -> list[str]:
 
 def outcome_string(images, captions) -> str:
     """One letter per image (B, F, S, N) from the Shapes checker's verdicts on it."""
-    from dalle_lab.data.shapes import check
+    from dalle_lab.data.checker import check
 
     return "".join(CODES[object_outcome(check(image, caption).attributes)] for image, caption in zip(images, captions))
 
