@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from dalle_lab.align.config import DEFAULT_EPOCHS, AlignConfig
-from dalle_lab.align.in_run_eval import default_eval_sets, diversity, split_rl_prompts
+from dalle_lab.align.in_run_eval import diversity
+from dalle_lab.align.prompts import default_eval_sets, split_rl_prompts
 from dalle_lab.align.kl_control import KLController
 from dalle_lab.data.shapes import heldout_captions, validation_captions
 from dalle_lab.rewards import brightness, get_reward

@@ -111,7 +111,10 @@ def test_an_update_raises_the_logprob_of_better_than_average_images(tokenizer, t
     trainer = make_trainer(tokenizer, tmp_path, inner_epochs=1, train_batch_size=6, kl_coef=0.0, lr=3e-3)
     prompts = trainer.epoch_prompts(0)
     batch = trainer.collect(prompts)
-    advantages = trainer.advantages(prompts, batch["rewards"])
+    token_advantages, informative = trainer.advantages(prompts, batch)
+    assert token_advantages.shape == batch["tokens"].shape and informative.all()
+    advantages = token_advantages[:, 0]  # uniform credit: every token of an image has the image's advantage
+    assert torch.equal(token_advantages, advantages[:, None].expand_as(token_advantages))
     # per-prompt normalisation: the groups have 3 samples each and each group's advantages are centred
     for start in (0, 3):
         assert abs(advantages[start:start + 3].sum().item()) < 1e-4

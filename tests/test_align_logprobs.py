@@ -115,3 +115,28 @@ def test_sampling_kl_compares_the_guided_distributions_on_the_samplers_support(t
     trainer.config.kl_distribution = "conditional"  # the other choice: the plain conditional distributions
     torch.testing.assert_close(trainer.kl_reference_logprobs(text, tokens, support),
                                trainer.reference_logprobs(text, tokens))
+
+
+def test_conditional_guidance_grad_moves_the_model_through_the_captioned_branch_only(tokenizer):
+    """guidance_grad="conditional": the same log-probs, and the gradient of the guided log-probs with the
+    caption-free logits held constant (written out here by hand)."""
+    dalle = tiny_dalle(tokenizer).eval()
+    config = AlignConfig(**{**PLAIN, "cond_scale": 2.0, "temperature": 0.7, "guidance_grad": "conditional"})
+    text = tokenizer.tokenize(PROMPTS[:2], dalle.config.text_seq_len)
+    tokens, _, _ = sample_with_support(dalle, text, config, torch.Generator().manual_seed(0))
+    params = [p for p in dalle.parameters() if p.requires_grad]
+
+    def gradient(logprobs):
+        return torch.autograd.grad(logprobs.sum(), params, allow_unused=True)
+
+    cond = dalle.logits(text, tokens).float()
+    null = dalle.logits(dalle.null_text(text), tokens).float().detach()
+    by_hand = torch.log_softmax((null + 2.0 * (cond - null)) / 0.7, -1).gather(-1, tokens[..., None])[..., 0]
+    conditional = policy_logprobs(dalle, text, tokens, config)[0]
+    both = policy_logprobs(dalle, text, tokens, AlignConfig(**{**PLAIN, "cond_scale": 2.0, "temperature": 0.7}))[0]
+    torch.testing.assert_close(conditional, both)  # the values do not depend on where the gradient goes
+    expected, got, other = gradient(by_hand), gradient(conditional), gradient(both)
+    for e, g in zip(expected, got):
+        if e is not None:
+            torch.testing.assert_close(g, e, atol=1e-5, rtol=1e-4)
+    assert max((o - e).abs().max() for o, e in zip(other, expected) if e is not None) > 1e-3

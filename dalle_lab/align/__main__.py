@@ -1,13 +1,15 @@
 """Fine-tune a trained DALLE on a reward: `python -m dalle_lab.align --dalle_path runs/dalle/dalle.pt ...`.
 
     python -m dalle_lab.align --dalle_path runs/dalle/dalle.pt --reward jpeg_compressibility --prompts prompts.txt
-    python -m dalle_lab.align --dalle_path runs/dalle/dalle.pt --reward shapes_faithfulness --time_budget_s 900
+    python -m dalle_lab.align --dalle_path runs/dalle/dalle.pt --reward shapes_faithfulness --prompts heldout \
+        --time_budget_s 900
     python -m dalle_lab.align --dalle_path runs/dalle/dalle.pt --method reward_backprop \\
         --reward negative_total_variation --backprop_last_k 16
     python -m dalle_lab.align --dalle_path ... --reward aesthetic --clip_path /models/clip-vit-large-patch14 \\
         --aesthetic_head_path sac+logos+ava1-l14-linearMSE.pth --reward_precision tpu_default
 
-Without --prompts the prompts are Shapes training-split captions. Re-running with the same --out_dir resumes.
+Without --prompts the prompts are Shapes training-split captions; --prompts heldout takes the captions of the held-out
+colour-shape pairs from the Shapes grammar (dalle_lab/align/prompts.py). Re-running with the same --out_dir resumes.
 Every AlignConfig field is a flag with the same default (python -m dalle_lab.align --help); docs/align.md explains
 the methods.
 """
@@ -18,7 +20,21 @@ import sys
 from dataclasses import fields
 from pathlib import Path
 
+import torch
+
+from dalle_lab.align.best_of_n import BestOfNTrainer
 from dalle_lab.align.config import PRESETS, AlignConfig
+from dalle_lab.align.policy_gradient import PolicyGradientTrainer
+from dalle_lab.align.prompts import HELDOUT, heldout_protocol, pair_names
+from dalle_lab.align.reward_backprop import RewardBackpropTrainer
+from dalle_lab.data.shapes import ShapesDataset
+from dalle_lab.training.captions import warn_unknown_words
+from dalle_lab.training.checkpoint import CheckpointError, load_dalle
+from dalle_lab.training.distributed import env_dist_info, process_device
+from dalle_lab.utils import pick_device
+
+TRAINERS = {"policy_gradient": PolicyGradientTrainer, "reward_backprop": RewardBackpropTrainer,
+            "best_of_n": BestOfNTrainer}
 
 _HELP = {
     "method": "policy_gradient (PPO over image tokens, any reward), reward_backprop (differentiable rewards) or "
@@ -32,12 +48,26 @@ _HELP = {
     "eval_every": "evaluate on the eval prompts every N epochs (0: only before and after)",
     "lora_rank": "0 fine-tunes every weight; >0 trains only LoRA adapters of this rank",
     "trainable": "all, or blocks: only the transformer blocks learn (embeddings and logit heads frozen)",
-    "token_credit": "policy gradient: uniform (every token shares its image's advantage) or content (only cells that "
-                    "differ from the plain background; background cells keep the KL penalty)",
+    "credit": "policy gradient: uniform (every token shares its image's advantage), localized (each part of the "
+              "reward to the tokens its credit map names: the Shapes checker's attributes to the cells of the object "
+              "judged) or content (cells that differ from the plain background)",
+    "adv_std": "group advantages over the std of the group's rewards (GRPO) or of the whole batch's (Flow-GRPO)",
+    "drop_flat_groups": "leave groups whose rewards have no spread out of the update (DAPO)",
+    "guidance_grad": "with guidance: the gradient moves both branches, or the captioned (conditional) one only",
+    "screen_samples": "keep RL prompts whose exact-match rate over K samples lies in (0, 0.9) (0: keep all)",
+    "eval_samples": "samples of every evaluation caption (>= 2 also measures pixel diversity per caption)",
     "advantage": "per_prompt (DDPO's running per-prompt statistics) or group (GRPO normalisation within the epoch)",
     "backprop_last_k": "reward_backprop: the gradient reaches the model through the last K image tokens",
     "reward_precision": "run the reward model in fp32, bf16, fp16 or tpu_default (aesthetic, clip_score)",
 }
+
+
+def _parse_bool(text: str) -> bool:
+    if text.lower() in ("1", "true", "yes", "on"):
+        return True
+    if text.lower() in ("0", "false", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
 
 
 def _parse_optional(kind):
@@ -55,7 +85,12 @@ def build_parser() -> argparse.ArgumentParser:
                         help="named settings for a goal (AlignConfig PRESETS; explicit flags override them): "
                              "faithfulness = GRPO on the Shapes checker, see docs/align.md")
     parser.add_argument("--prompts", default=None,
-                        help="text file with one caption per line (default: Shapes training-split captions)")
+                        help=f"text file with one caption per line, or '{HELDOUT}': every caption of the held-out "
+                             f"colour-shape pairs in the Shapes grammar less the evaluation captions (default: Shapes "
+                             f"training-split captions)")
+    parser.add_argument("--leave_out_pair", default=None,
+                        help=f"with --prompts {HELDOUT}: leave one pair ({', '.join(pair_names())}) out of the RL "
+                             f"prompts and evaluate on its captions (the 'left_out' set)")
     parser.add_argument("--num_shapes_prompts", type=int, default=2000,
                         help="without --prompts: how many Shapes training-split items' captions to use as RL prompts "
                              "(many distinct prompts: the policy must learn the grammar, not a few captions)")
@@ -73,19 +108,24 @@ def build_parser() -> argparse.ArgumentParser:
     for f in fields(AlignConfig):
         # config.py uses `from __future__ import annotations`, so f.type is the annotation's text: "int | None"
         base, _, rest = f.type.partition("|")
-        kind = {"int": int, "float": float, "str": str}[base.strip()]
+        kind = {"int": int, "float": float, "str": str, "bool": _parse_bool}[base.strip()]
         parser.add_argument(f"--{f.name}", type=_parse_optional(kind) if "None" in rest else kind,
                             default=f.default, help=_HELP.get(f.name, " "))
     return parser
 
 
-def read_prompts(args) -> list[str]:
+def read_prompts(args, config: AlignConfig) -> tuple[list[str], dict[str, list[str]] | None]:
+    """(RL prompts, evaluation sets or None for the defaults) from --prompts, --leave_out_pair, --eval_prompts."""
+    if args.leave_out_pair and args.prompts != HELDOUT:
+        raise ValueError(f"--leave_out_pair needs --prompts {HELDOUT} (it chooses which held-out pair RL never sees)")
+    eval_sets = {"prompts": read_caption_file(args.eval_prompts, "--eval_prompts")} if args.eval_prompts else None
+    if args.prompts == HELDOUT:
+        prompts, protocol_sets = heldout_protocol(config, args.leave_out_pair)
+        return prompts, eval_sets or protocol_sets
     if args.prompts:
-        return read_caption_file(args.prompts, "--prompts")
-    from dalle_lab.data.shapes import ShapesDataset
-
+        return read_caption_file(args.prompts, "--prompts"), eval_sets
     dataset = ShapesDataset("train", length=args.num_shapes_prompts, seed=0)
-    return [dataset.caption(i) for i in range(len(dataset))]
+    return [dataset.caption(i) for i in range(len(dataset))], eval_sets
 
 
 def read_caption_file(path_text: str, flag: str) -> list[str]:
@@ -116,29 +156,15 @@ def main(argv=None) -> int:
     except ValueError as err:  # a bad flag value: argparse's usage message and exit status 2
         parser.error(str(err))
 
-    import torch
-
-    from dalle_lab.training.captions import warn_unknown_words
-    from dalle_lab.training.checkpoint import CheckpointError, load_dalle
-    from dalle_lab.training.distributed import env_dist_info, process_device
-    from dalle_lab.utils import pick_device
-
     if args.threads:
         torch.set_num_threads(args.threads)
     try:
-        prompts = read_prompts(args)
-        eval_sets = {"prompts": read_caption_file(args.eval_prompts, "--eval_prompts")} if args.eval_prompts else None
+        prompts, eval_sets = read_prompts(args, config)
         device = process_device(pick_device(args.device), env_dist_info())  # torchrun / deepspeed: one GPU each
         dalle, tokenizer, _ = load_dalle(args.dalle_path, device)
         warn_unknown_words(tokenizer, prompts, "python -m dalle_lab.align")  # named; the run goes on
         reward_options = {"clip_path": args.clip_path, "head_path": args.aesthetic_head_path, "device": device}
-        if config.method == "reward_backprop":
-            from dalle_lab.align.reward_backprop import RewardBackpropTrainer as Trainer
-        elif config.method == "best_of_n":
-            from dalle_lab.align.best_of_n import BestOfNTrainer as Trainer
-        else:
-            from dalle_lab.align.policy_gradient import PolicyGradientTrainer as Trainer
-        trainer = Trainer(dalle, tokenizer, config, prompts, args.out_dir, reward_options=reward_options,
+        trainer = TRAINERS[config.method](dalle, tokenizer, config, prompts, args.out_dir, reward_options=reward_options,
                           resume=not args.no_resume, eval_sets=eval_sets, argv=argv)
         history = trainer.train()
     except (CheckpointError, FileNotFoundError, ValueError) as err:

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from dalle_lab.align.policy_gradient import token_kl
+from dalle_lab.align.logprobs import token_kl
 from dalle_lab.align.trainer import AlignTrainer, chunks
 
 

@@ -12,7 +12,7 @@ from dalle_lab.generate import GenerationConfig
 
 METHODS = ("policy_gradient", "reward_backprop", "best_of_n")
 TRAINABLE = ("all", "blocks")
-CREDITS = ("uniform", "content")  # token_credit: see dalle_lab.align.credit
+CREDITS = ("uniform", "localized", "content")  # which tokens an advantage is credited to: dalle_lab.align.credit
 DEFAULT_EPOCHS = 20  # epochs of a run given neither --epochs nor --time_budget_s
 _GENERATE = GenerationConfig()  # generate.py's sampling: the RL sampler and the in-run evaluation default to it
 
@@ -64,17 +64,27 @@ class AlignConfig:
     eval_num_heldout: int = 64  # Shapes held-out compositions (colour-shape pairs never trained on); 0 = none
     eval_loss_images: int = 64  # real validation images for the image loss (forgetting); 0 = skip
     eval_diversity_samples: int = 8  # samples of one caption for the diversity measures; 0 = skip
+    eval_samples: int = 1  # samples of every evaluation caption (from fixed seeds); >= 2 also gives pixel diversity
     eval_temperature: float = _GENERATE.temperature
     eval_top_k: int | None = _GENERATE.top_k
     eval_cond_scale: float = _GENERATE.cond_scale
 
     # policy gradient (PPO on per-token probability ratios)
     inner_epochs: int = 2
-    # which tokens an image's advantage is credited to (credit.py): "uniform" = all of them; "content" = the cells
-    # that show something other than the plain background (background cells carry only the KL penalty)
-    token_credit: str = "uniform"
+    # which tokens an image's advantage is credited to (credit.py): "uniform" = all of them; "localized" = each part
+    # of the reward to the tokens the reward's credit map names (the Shapes checker: each attribute to the cells of
+    # the object it judged); "content" = the cells that show something other than the plain background
+    credit: str = "uniform"
     clip_range: float = 0.2
     advantage: str = "per_prompt"  # "per_prompt" (DDPO's tracker) or "group" (GRPO)
+    adv_std: str = "group"  # group advantages over the group's reward std (GRPO) or the batch's ("batch": Flow-GRPO)
+    drop_flat_groups: bool = False  # leave groups whose rewards have no spread out of the update (DAPO)
+    # with guidance, which branches the gradient moves: "both", or "conditional" (the caption-free branch is a
+    # constant of the update, as in T2I-R1: dalle_lab.align.logprobs.guided_logits)
+    guidance_grad: str = "both"
+    # keep only the RL prompts whose exact-match rate over this many samples lies in (0, 0.9) (0 = keep all): prompts
+    # the model always or never gets right give groups without spread (dalle_lab.align.prompts.screen_prompts)
+    screen_samples: int = 0
     adv_clip_max: float | None = 5.0
     stat_buffer_size: int = 32
     stat_min_count: int = 16
@@ -121,8 +131,14 @@ class AlignConfig:
                              f"K tokens), got {self.backprop_last_k}")
         if self.optimizer not in ("adamw", "sgd"):
             raise ValueError(f"optimizer must be 'adamw' or 'sgd', not {self.optimizer!r}")
-        if self.token_credit not in CREDITS:
-            raise ValueError(f"token_credit must be one of {', '.join(CREDITS)}, not {self.token_credit!r}")
+        if self.credit not in CREDITS:
+            raise ValueError(f"credit must be one of {', '.join(CREDITS)}, not {self.credit!r}")
+        if self.credit != "uniform" and self.advantage != "group":
+            raise ValueError(f"credit={self.credit!r} splits group advantages over tokens: it needs advantage='group' "
+                             f"(got {self.advantage!r})")
+        for name, allowed in (("adv_std", ("group", "batch")), ("guidance_grad", ("both", "conditional"))):
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"{name} must be one of {', '.join(allowed)}, not {getattr(self, name)!r}")
         if self.trainable not in TRAINABLE:
             raise ValueError(f"trainable must be one of {', '.join(TRAINABLE)}, not {self.trainable!r}")
         if self.kl_distribution not in ("sampling", "conditional"):
@@ -138,8 +154,10 @@ class AlignConfig:
                              f"got kl_target={self.kl_target}, kl_coef={self.kl_coef}")
         if self.epochs is not None and self.epochs < 1:
             raise ValueError(f"epochs must be >= 1 (or None: run until time_budget_s), got {self.epochs}")
+        if self.screen_samples < 0:
+            raise ValueError(f"screen_samples must be >= 0 (0: no screening), got {self.screen_samples}")
         for name in ("prompts_per_epoch", "group_size", "sample_batch_size", "train_batch_size",
-                     "inner_epochs", "gradient_accumulation_steps"):
+                     "inner_epochs", "gradient_accumulation_steps", "eval_samples"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
 

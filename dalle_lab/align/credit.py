@@ -1,28 +1,36 @@
-"""Which of an image's tokens its reward is credited to, for the policy gradient.
+"""Which of an image's tokens its advantage is credited to, for the policy gradient (`credit`).
 
-A policy gradient that gives every token of an image the image's advantage pays, per update, one noise term per
-token. On the built-in Shapes data most of an image is plain background, and the VQGAN draws a plain background
-cell with several near-equivalent codes: on the float32 demo model, 75 % of the tokens sampled with the
-faithfulness preset are background cells, at 0.92 nats of sampling entropy each against 2.13 on content cells, 56 %
-of all the sampled entropy (`python -m lab.studies.align.token_credit` -> lab/studies/align/results/token_credit_entropy.json).
-Which of those codes was drawn does not change the reward, so their share of the gradient is noise.
+An image's reward arrives once, for all its `image_seq_len` tokens. Giving every token the image's advantage
+("uniform", DDPO's and GRPO's choice) pays one noise term per token: in a group of seven exact Shapes images and one
+that misses an attribute, the miss gets the same negative advantage on every token, the plain background included,
+although the checker saw the error in the cells of one object. Three choices:
 
-Measured, it is not the noise that matters: the gradients of two independent 128-image epochs are as unrelated with
-content credit as without (cosine about 0.01 either way, `lab/studies/align/gradient_noise.py`); the sampled content
-cells, at 2.1 nats each, carry most of the score-function noise themselves. The option stays for rewards whose
-signal sits in few cells of a plain background.
+- `uniform`: every token gets its image's advantage;
+- `localized`: the reward's own credit maps (dalle_lab.rewards.credit): the score is split into parts, each with the
+  tokens it is about, and each part's advantage goes to its tokens only. For the Shapes rewards the parts are the
+  checker's attributes, each credited to the cells of the object it judged (background: the cells outside objects);
+  a reward without maps falls back to uniform credit;
+- `content`: the image's advantage goes to the tokens whose cell shows something other than the background (the
+  median colour of the image's border; an image with nothing drawn keeps uniform credit). The issue-13 heuristic:
+  it did not change the gradient's noise (lab/studies/align/results/gradient_noise.json), kept for rewards without
+  maps whose signal sits in few cells of a plain background.
 
-`content` credit gives the advantage only to tokens whose cell shows something other than the background (the
-median colour of the image's border, as the Shapes checker reads it); the background cells still feel the KL
-penalty, which holds them to the starting model. An image with no such cell (nothing drawn) keeps uniform credit, so
-drawing nothing is still penalised. On photographs almost every cell differs from the border's median, and
-`content` credit becomes the uniform one.
+Per token, with parts p_ik of image i (k = 1..K), maps m_ikt, the group mean of each part and the scale s_i (one
+over the group's or the batch's reward std, stat_tracking.py), the advantage is
+    A_it = s_i * sum_k (p_ik - mean_group(p_k)) * m_ikt,
+which with every map equal to one is the image's group advantage s_i (r_i - mean_group(r)) on every token.
 """
 from __future__ import annotations
 
+from typing import Callable, Sequence
+
+import numpy as np
 import torch
 
 from dalle_lab.align.config import CREDITS
+from dalle_lab.align.stat_tracking import centred_parts, flat_groups, reward_scale
+from dalle_lab.rewards.credit import CreditedScores, score_with_credit, uniform_credit
+
 # A cell counts as content when some pixel differs from the background by more than this in a channel (images in
 # [0, 1]). Decoded background cells of the Shapes VQGAN stay below 0.05; object cells, edges included, above 0.1.
 CONTENT_THRESHOLD = 0.1
@@ -45,17 +53,41 @@ def content_cells(images: torch.Tensor, grid: int, threshold: float = CONTENT_TH
     return (cells > threshold).reshape(b, grid * grid)
 
 
-def token_credit(images: torch.Tensor, num_tokens: int, kind: str) -> torch.Tensor:
-    """(B, num_tokens) float weights of each token's share of its image's advantage: 1 everywhere ("uniform"), or 1
-    on content cells and 0 on background cells ("content"; all 1 for an image without content)."""
-    if kind not in CREDITS:
-        raise ValueError(f"token credit must be one of {', '.join(CREDITS)}, not {kind!r}")
-    ones = torch.ones(images.shape[0], num_tokens, device=images.device)
-    if kind == "uniform":
-        return ones
+def content_map(images: torch.Tensor, num_tokens: int) -> torch.Tensor:
+    """(B, num_tokens) float: 1 on content cells, 0 on background cells; all 1 for an image without content."""
     grid = int(round(num_tokens ** 0.5))
     if grid * grid != num_tokens:
         raise ValueError(f"content credit needs a square token grid, got {num_tokens} image tokens")
-    content = content_cells(images, grid).float()
-    empty = content.sum(dim=1, keepdim=True) == 0
-    return torch.where(empty, ones, content)
+    content = content_cells(images, grid).float().cpu()
+    return torch.where(content.sum(dim=1, keepdim=True) == 0, torch.ones_like(content), content)
+
+
+def credited_scores(reward: Callable, images, prompts: Sequence[str], num_tokens: int, kind: str) -> CreditedScores:
+    """The reward's scores with the credit maps of `kind` (CREDITS)."""
+    if kind not in CREDITS:
+        raise ValueError(f"credit must be one of {', '.join(CREDITS)}, not {kind!r}")
+    if kind == "localized":
+        return score_with_credit(reward, images, prompts, num_tokens)
+    credited = uniform_credit(reward(images, prompts), num_tokens)
+    if kind == "content":
+        return credited._replace(maps=content_map(images, num_tokens)[:, None])
+    return credited
+
+
+def token_advantages(prompts: Sequence[str], credited: CreditedScores, std: str = "group",
+                     clip: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(B, N) float32 advantages of every token (module docstring), clipped to +-clip, and the (B,) bool mask of
+    samples whose group had any spread (the others have advantage 0 everywhere: DAPO leaves them out)."""
+    parts = credited.parts.double().numpy()
+    scale = reward_scale(prompts, credited.scores.double().numpy(), std)
+    centred = torch.from_numpy(centred_parts(prompts, parts) * scale[:, None])  # (B, K)
+    advantages = torch.einsum("bk,bkn->bn", centred, credited.maps.double())
+    if clip is not None:
+        advantages = advantages.clamp(-clip, clip)
+    informative = torch.from_numpy(~flat_groups(prompts, parts))
+    return advantages.float(), informative
+
+
+def image_advantages_as_tokens(advantages: np.ndarray, num_tokens: int) -> torch.Tensor:
+    """(B,) per-image advantages -> (B, N): every token its image's (uniform credit of DDPO's per-prompt tracker)."""
+    return torch.as_tensor(advantages, dtype=torch.float32)[:, None].expand(-1, num_tokens).contiguous()

@@ -9,7 +9,8 @@ import numpy as np
 import torch
 
 from dalle_lab.align.config import AlignConfig
-from dalle_lab.align.policy_gradient import policy_logprobs, token_kl
+from dalle_lab.align.logprobs import policy_logprobs, token_kl
+from dalle_lab.data.checker import check
 from dalle_lab.generate import generate
 from dalle_lab.stats import mean_se
 from dalle_lab.vae.images import decode_images
@@ -63,8 +64,6 @@ def evaluate_model(dalle, tokenizer, prompts: Sequence[str], reward: Callable, c
     result = {"n": len(prompts)}
     result["reward_mean"], result["reward_se"] = mean_se(rewards)
     if shapes:
-        from dalle_lab.data.checker import check
-
         checks = [check(image, caption) for image, caption in zip(images, prompts)]
         result["checker_accuracy"], result["checker_accuracy_se"] = mean_se([c.accuracy for c in checks])
         result["exact_match"], result["exact_match_se"] = mean_se([float(c.exact) for c in checks])

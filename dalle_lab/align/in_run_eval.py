@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Sequence
@@ -23,39 +24,26 @@ from typing import Sequence
 import numpy as np
 import torch
 
+from dalle_lab.align.config import to_dict
+from dalle_lab.align.logprobs import token_kl
+from dalle_lab.data.checker import check
+from dalle_lab.data.shapes import is_shapes_caption
+from dalle_lab.evaluate.shapes import heldout_losses
 from dalle_lab.generate import generate
 from dalle_lab.provenance import git_state
+from dalle_lab.rewards.credit import concat_credit, score_with_credit
+from dalle_lab.stats import mean_se
+from dalle_lab.utils import atomic_write, cpu_has_native_bf16
 from dalle_lab.vae.images import decode_images
 
 EVAL_SEED = 4321  # sampling seed of the evaluations (kept apart from the run's seed: same captions, same noise)
 
 
-def default_eval_sets(config, rl_prompts: Sequence[str]) -> dict[str, list[str]]:
-    """Without an eval prompt file: Shapes validation captions and held-out compositions when the RL prompts are
-    Shapes captions (neither split is ever a training caption), less any RL prompt; otherwise no evaluation set."""
-    from dalle_lab.data.shapes import heldout_captions, is_shapes_caption, validation_captions
-
-    if not rl_prompts or not all(is_shapes_caption(p) for p in rl_prompts):
-        return {}
-    sets = {"val": validation_captions(config.eval_num_prompts)} if config.eval_num_prompts else {}
-    if config.eval_num_heldout:
-        sets["heldout"] = heldout_captions(config.eval_num_heldout)
-    # RL prompts the user chose from these splits stay RL prompts; the default sets leave them out instead
-    chosen = set(rl_prompts)
-    sets = {name: [p for p in prompts if p not in chosen] for name, prompts in sets.items()}
-    return {name: prompts for name, prompts in sets.items() if prompts}
-
-
-def split_rl_prompts(rl_prompts: Sequence[str], eval_sets: dict[str, list[str]], log_fn=print) -> list[str]:
-    """The RL prompt pool without any evaluation caption (so eval scores are on captions RL never sampled)."""
-    held = {p for prompts in eval_sets.values() for p in prompts}
-    pool = [p for p in rl_prompts if p not in held]
-    dropped = len(rl_prompts) - len(pool)
-    if dropped:
-        log_fn(f"[align] {dropped} RL prompt(s) are evaluation captions too: left out of the RL prompts")
-    if not pool:
-        raise ValueError("every RL prompt is also an evaluation prompt; give --prompts and --eval_prompts that differ")
-    return pool
+def pixel_diversity(images: torch.Tensor, samples: int) -> float:
+    """Mean over captions of the mean pairwise pixel distance among the `samples` consecutive images of each."""
+    flat = images.float().flatten(1).reshape(-1, samples, images[0].numel())
+    distance = (flat[:, :, None, :] - flat[:, None, :, :]).abs().mean(-1)  # (captions, samples, samples)
+    return float(distance.sum(dim=(1, 2)).mean() / (samples * (samples - 1)))
 
 
 def diversity(tokens: torch.Tensor, images: torch.Tensor) -> dict:
@@ -75,19 +63,29 @@ class TermRecorder:
     def __init__(self, reward):
         self.reward, self.terms = reward, list(reward.terms)
         self._scores: dict[str, list[torch.Tensor]] = {}
-        import threading
-
         self._lock = threading.Lock()  # the worker thread records while the trainer may pop
+
+    def _record(self, term, value) -> None:
+        with self._lock:
+            self._scores.setdefault(f"reward_{getattr(term, '__name__', 'term')}", []).append(
+                torch.as_tensor(value).detach().float().cpu().reshape(-1))
 
     def __call__(self, images, prompts=None):
         total = None
         for term, weight in self.terms:
             value = torch.as_tensor(term(images, prompts)).float()
-            with self._lock:
-                self._scores.setdefault(f"reward_{getattr(term, '__name__', 'term')}", []).append(
-                    value.detach().cpu().reshape(-1))
+            self._record(term, value)
             total = weight * value if total is None else total + weight * value
         return total
+
+    def credit(self, images, prompts, num_tokens: int):
+        """The terms' credited scores side by side (dalle_lab.rewards.credit), each term's scores recorded."""
+        items = []
+        for term, weight in self.terms:
+            credited = score_with_credit(term, images, prompts, num_tokens)
+            self._record(term, credited.scores)
+            items.append((credited, weight))
+        return concat_credit(items)
 
     def pop_means(self) -> dict:
         with self._lock:
@@ -109,6 +107,7 @@ class RunEvaluator:
 
     @torch.no_grad()
     def sample(self, trainer, prompts, seed: int):
+        """(text, tokens, images) of one sample per entry of `prompts`, from a generator seeded by `seed`."""
         dalle, s = trainer.dalle, self.sampling
         generator = torch.Generator(device=trainer.device).manual_seed(seed)
         tokens, texts = [], []
@@ -121,8 +120,6 @@ class RunEvaluator:
 
     @torch.no_grad()
     def kl_per_image(self, trainer, text, tokens) -> np.ndarray:
-        from dalle_lab.align.policy_gradient import token_kl
-
         values = []
         for start in range(0, len(tokens), trainer.config.train_batch_size):
             t, k = text[start:start + trainer.config.train_batch_size], tokens[start:start + trainer.config.train_batch_size]
@@ -130,11 +127,10 @@ class RunEvaluator:
             values.append(token_kl(policy, trainer.reference_logprobs(t, k)).sum(-1).cpu())
         return torch.cat(values).numpy()
 
-    def score_set(self, trainer, name: str, prompts: list[str], seed: int) -> dict:
-        from dalle_lab.stats import mean_se
-        from dalle_lab.data.checker import check
-        from dalle_lab.data.shapes import is_shapes_caption
-
+    def score_set(self, trainer, name: str, captions: list[str], seed: int) -> dict:
+        """Every caption sampled `eval_samples` times (consecutively), scored; `eval_<name>_<measure>`."""
+        samples = self.config.eval_samples
+        prompts = [caption for caption in captions for _ in range(samples)]
         text, tokens, images = self.sample(trainer, prompts, seed)
         out = {}
         reward = trainer.reward
@@ -148,6 +144,8 @@ class RunEvaluator:
             out["exact_match"], out["exact_match_se"] = mean_se([float(c.exact) for c in checks])
         if trainer.reference is not None or trainer.lora_modules:
             out["kl_ref_image"] = float(self.kl_per_image(trainer, text, tokens).mean())
+        if samples > 1:
+            out["diversity_pixel"] = pixel_diversity(images, samples)
         return {f"eval_{name}_{key}": value for key, value in out.items()}
 
     def __call__(self, trainer) -> dict:
@@ -158,8 +156,6 @@ class RunEvaluator:
         cfg = self.config
         vae = trainer.dalle.vae
         if cfg.eval_loss_images and hasattr(vae, "get_codebook_indices"):
-            from dalle_lab.evaluate.shapes import heldout_losses
-
             losses = heldout_losses(trainer.dalle, vae, trainer.tokenizer, "val", cfg.eval_loss_images,
                                     batch_size=trainer.config.train_batch_size)
             result["eval_loss_img"] = losses["loss_img"]
@@ -176,9 +172,6 @@ class RunEvaluator:
 def write_results(path, trainer, argv: Sequence[str] | None, stop_reason: str, wall_s: float) -> Path:
     """results.json: what a reader needs to trust a number: command, config, commit, machine load, the evaluations
     before and after (and every one in between), and why the run stopped."""
-    from dalle_lab.align.config import to_dict
-    from dalle_lab.utils import atomic_write
-
     evals = trainer.eval_history
     record = {
         "command": None if argv is None else [sys.executable.rsplit("/", 1)[-1], "-m", "dalle_lab.align", *argv],
@@ -190,7 +183,11 @@ def write_results(path, trainer, argv: Sequence[str] | None, stop_reason: str, w
         "epochs": trainer.epoch, "images_sampled": trainer.images_sampled,
         "train_s": round(trainer.elapsed_s, 2), "train_cpu_s": round(trainer.cpu_s, 2), "wall_s": round(wall_s, 2),
         "stop_reason": stop_reason,
+        "cpu_native_bf16": cpu_has_native_bf16(),
+        "load_average_start": trainer.load_average_start,
         "eval_sets": {name: len(prompts) for name, prompts in trainer.evaluator.eval_sets.items()},
+        "eval_captions": trainer.evaluator.eval_sets,
+        "rl_prompts": len(set(trainer.prompts)),
         "eval_sampling": vars(trainer.evaluator.sampling),
         "start": evals[0] if evals else None, "final": evals[-1] if evals else None, "evals": evals,
     }

@@ -1,4 +1,5 @@
-"""The policy's log-probabilities, exactly the sampler's.
+"""The policy's log-probabilities, exactly the sampler's, and the token statistics built on them (the per-token KL
+to a reference and the entropy), which every fine-tuning method and the evaluation share.
 
 The policy that fine-tuning optimises is the distribution the sampler draws from: guidance, temperature and the
 top-k / top-p filter applied (`dalle_lab.generate.sampling.sampling_distribution`, the one definition). Two things
@@ -84,9 +85,16 @@ def _filtered(logits, config):
 
 def guided_logits(dalle, text, tokens, config):
     """(B, N, V) float32 logits of the sampling distribution before filtering: guidance, then temperature, in the
-    order and arithmetic of sampling.sampling_distribution. Also returns the plain conditional logits."""
+    order and arithmetic of sampling.sampling_distribution. Also returns the plain conditional logits.
+
+    With `config.guidance_grad == "conditional"` the caption-free branch is computed without gradient (T2I-R1's
+    choice): the update then moves the model only through the captioned prediction, and the null-caption
+    prediction that every prompt shares is not pushed by each prompt's advantage. The values are the same."""
     cond = dalle.logits(text, tokens)
-    null = dalle.logits(dalle.null_text(text), tokens) if config.cond_scale != 1.0 else None
+    null = None
+    if config.cond_scale != 1.0:
+        with torch.set_grad_enabled(torch.is_grad_enabled() and config.guidance_grad == "both"):
+            null = dalle.logits(dalle.null_text(text), tokens)
     logits = sampling.apply_guidance(cond.float(), None if null is None else null.float(), config.cond_scale)
     if config.temperature != 1.0:
         logits = logits / config.temperature
@@ -115,3 +123,21 @@ def policy_logprobs(dalle, text, tokens, config, support=None, return_flips: boo
     sampled = processed.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
     result = (sampled, processed, F.log_softmax(cond.float(), dim=-1))
     return (*result, flips) if return_flips else result
+
+
+def token_kl(policy_logprobs_full, reference_logprobs_full):
+    """Exact per-token KL(policy || reference) over the whole image vocabulary: (B, N, V) log-probs -> (B, N).
+
+    Zero when the two are the same distribution. Outside a filtered support both are -inf and p is 0: such tokens
+    contribute 0; the difference is masked before the product so that neither the value nor the gradient sees
+    -inf - -inf = nan.
+    """
+    p = policy_logprobs_full.exp()
+    diff = torch.where(p > 0, policy_logprobs_full - reference_logprobs_full, torch.zeros_like(p))
+    return (p * diff).sum(-1)
+
+
+def token_entropy(logprobs_full):
+    """Per-token entropy (nats) of a (B, N, V) log-prob tensor; filtered (-inf) entries contribute 0."""
+    p = logprobs_full.exp()
+    return -(p * torch.where(p > 0, logprobs_full, torch.zeros_like(logprobs_full))).sum(-1)

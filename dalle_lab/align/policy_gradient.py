@@ -7,24 +7,29 @@ sequence; the reward arrives once, after decoding. Per epoch:
    that sampled it (temperature, top-k / top-p and guidance applied: dalle_lab.generate.sampling is the one place that
    defines that distribution, and both the sampler and `policy_logprobs` below go through it);
 2. score the images (in a background thread, overlapping with sampling the next batch) and turn rewards into
-   advantages normalised per prompt (DDPO's tracker or GRPO's groups), clipped;
+   advantages normalised per prompt (DDPO's tracker, or GRPO's groups over the group's or the batch's std), clipped,
+   and credited to the image's tokens (credit.py: all of them, or where the reward's credit map points);
 3. several inner epochs of minibatch updates on the PPO clipped objective over per-token ratios
-   pi_new(token) / pi_old(token), every token of an image sharing that image's advantage, plus a per-token KL
-   penalty to the frozen starting model; gradient clipping.
+   pi_new(token) / pi_old(token), each token with its advantage, plus a per-token KL penalty to the frozen starting
+   model; gradient clipping. Groups whose rewards have no spread can be left out (drop_flat_groups).
 
 The model is kept in eval mode (dropout off) throughout, so recomputed log-probs equal the recorded ones exactly
 before the first update and ratios start at 1 (a test checks it).
 """
 from __future__ import annotations
 
+from functools import partial
+
 import numpy as np
 import torch
 
-from dalle_lab.align.credit import token_credit
+from dalle_lab.align.credit import credited_scores, image_advantages_as_tokens, token_advantages
+from dalle_lab.align.logprobs import token_entropy, token_kl  # noqa: F401  (token_kl: re-exported)
 from dalle_lab.align.logprobs import policy_logprobs, uses_filter  # policy_logprobs: also re-exported
 from dalle_lab.align.processes import seeded_generator
-from dalle_lab.align.stat_tracking import PerPromptStatTracker, clip_advantages, group_normalize
+from dalle_lab.align.stat_tracking import PerPromptStatTracker, clip_advantages, flat_groups
 from dalle_lab.align.trainer import AlignTrainer, chunks
+from dalle_lab.rewards.credit import CreditedScores
 from dalle_lab.vae.images import decode_images
 
 LOG_RATIO_LIMIT = 20.0  # exp(20) ~ 5e8: keeps a ratio finite when a token fell out of a filtered (top-k/p) support
@@ -32,28 +37,22 @@ LOG_RATIO_LIMIT = 20.0  # exp(20) ~ 5e8: keeps a ratio finite when a token fell 
 
 # ---------------------------------------------------------------- the pieces of the objective (pure functions)
 
-def ppo_clipped_loss(new_logprobs, old_logprobs, advantages, clip_range: float, token_weights=None):
-    """PPO's clipped surrogate on per-token ratios.
+def ppo_clipped_loss(new_logprobs, old_logprobs, advantages, clip_range: float):
+    """PPO's clipped surrogate on per-token ratios, averaged over tokens.
 
     new_logprobs, old_logprobs: (B, N) log-probs of the sampled tokens now and when sampled.
-    advantages: (B,) one per image, shared by all its tokens.
-    token_weights: (B, N) or None: each token's share of its image's advantage (credit.py); the loss is the
-    weighted mean over tokens (None: the plain mean).
+    advantages: (B, N), each token's own (credit.py), or (B,), one per image shared by all its tokens.
     Returns (loss, stats) where stats holds detached `approx_kl` (0.5 * mean squared log-ratio, as DDPO logs) and
     `clipfrac` (fraction of tokens whose ratio left [1 - clip, 1 + clip]).
     """
     raw_log_ratio = new_logprobs - old_logprobs
     log_ratio = raw_log_ratio.clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT)
     ratio = torch.exp(log_ratio)
-    adv = advantages.reshape(-1, 1).to(ratio.dtype)
+    adv = advantages.to(ratio.dtype)
+    adv = adv if adv.dim() == 2 else adv.reshape(-1, 1)
     unclipped = -adv * ratio
     clipped = -adv * ratio.clamp(1.0 - clip_range, 1.0 + clip_range)
-    per_token = torch.maximum(unclipped, clipped)
-    if token_weights is None:
-        loss = per_token.mean()
-    else:
-        weights = token_weights.to(per_token.dtype)
-        loss = (per_token * weights).sum() / weights.sum().clamp_min(1e-8)
+    loss = torch.maximum(unclipped, clipped).mean()
     with torch.no_grad():
         stats = {
             "approx_kl": 0.5 * (log_ratio ** 2).mean().item(),
@@ -62,26 +61,6 @@ def ppo_clipped_loss(new_logprobs, old_logprobs, advantages, clip_range: float, 
             "clamped_tokens": int((raw_log_ratio.abs() >= LOG_RATIO_LIMIT).sum()),
         }
     return loss, stats
-
-
-def token_kl(policy_logprobs_full, reference_logprobs_full):
-    """Exact per-token KL(policy || reference) over the whole image vocabulary: (B, N, V) log-probs -> (B, N).
-
-    Zero when the two are the same distribution. The KL is taken between the models' own (unfiltered, temperature
-    1, unguided) next-token distributions: filtered supports would make it infinite, and "stay close to what the
-    starting model believes" is the regulariser we want, whatever sampling settings are used.
-    """
-    p = policy_logprobs_full.exp()
-    # Outside a filtered support both are -inf and p is 0: such tokens contribute 0. The difference is masked before
-    # the product so that neither the value nor the gradient sees -inf - -inf = nan.
-    diff = torch.where(p > 0, policy_logprobs_full - reference_logprobs_full, torch.zeros_like(p))
-    return (p * diff).sum(-1)
-
-
-def token_entropy(logprobs_full):
-    """Per-token entropy (nats) of a (B, N, V) log-prob tensor; filtered (-inf) entries contribute 0."""
-    p = logprobs_full.exp()
-    return -(p * torch.where(p > 0, logprobs_full, torch.zeros_like(logprobs_full))).sum(-1)
 
 
 # ---------------------------------------------------------------- the trainer
@@ -102,6 +81,11 @@ class PolicyGradientTrainer(AlignTrainer):
     def load_extra_state(self, state: dict) -> None:
         self.tracker.load_state_dict(state["tracker"])
 
+    def scoring_function(self):
+        """The reward worker returns CreditedScores: scores, their parts and the parts' token maps (credit.py)."""
+        return partial(credited_scores, self.term_recorder or self.reward,
+                       num_tokens=self.dalle.config.image_seq_len, kind=self.config.credit)
+
     @torch.no_grad()
     def collect(self, prompts: list[str]) -> dict:
         """Sample images for `prompts` (this process's chunks), recording each token's log-prob and the sampler's
@@ -117,42 +101,46 @@ class PolicyGradientTrainer(AlignTrainer):
             row = {"text": text, "tokens": tokens, "old_logprobs": logprobs}
             if support is not None:
                 row["support"] = support
-            if self.config.token_credit != "uniform":  # uniform credit is the plain mean: nothing to keep
-                row["credit"] = token_credit(images, tokens.shape[1], self.config.token_credit).to(tokens.device)
             rows.append(row)
             images_local.append(images)
             prompts_local += batch_prompts
             index.append(torch.arange(part.start, part.stop))
-        rewards = [future.result().float().cpu().reshape(-1) for future in futures]
-        local = {k: torch.cat([r[k] for r in rows]) for k in rows[0]} if rows else self._empty_rows(prompts)
-        local["rewards"] = torch.cat(rewards) if rewards else torch.zeros(0)
+        credited = [future.result() for future in futures]
+        # the reward's number of parts, from a process that scored something (a collective: every process asks)
+        parts = max(self.processes.gather_objects(credited[0].parts.shape[1] if credited else 0))
+        local = {k: torch.cat([r[k] for r in rows]) for k in rows[0]} if rows else self._empty_rows(parts)
+        for name, field in (("rewards", "scores"), ("reward_parts", "parts"), ("credit_maps", "maps")):
+            if credited:
+                local[name] = torch.cat([getattr(c, field).float().cpu() for c in credited])
         index = torch.cat(index) if index else torch.zeros(0, dtype=torch.long)
         batch = self.gather_rows(local, index)
         batch.update(prompts=prompts, images=torch.cat(images_local) if images_local else None,
                      local_prompts=prompts_local, local_rewards=local["rewards"])
-        batch["rewards"] = batch["rewards"].cpu()
         return batch
 
-    def _empty_rows(self, prompts) -> dict:
+    def _empty_rows(self, parts: int) -> dict:
         """No chunk for this process (more processes than chunks): zero rows of the right shapes."""
         cfg, dcfg = self.config, self.dalle.config
         rows = {"text": torch.zeros(0, dcfg.text_seq_len, dtype=torch.long, device=self.device),
                 "tokens": torch.zeros(0, dcfg.image_seq_len, dtype=torch.long, device=self.device),
-                "old_logprobs": torch.zeros(0, dcfg.image_seq_len, device=self.device)}
-        if cfg.token_credit != "uniform":
-            rows["credit"] = torch.zeros(0, dcfg.image_seq_len, device=self.device)
+                "old_logprobs": torch.zeros(0, dcfg.image_seq_len, device=self.device),
+                "rewards": torch.zeros(0), "reward_parts": torch.zeros(0, parts),
+                "credit_maps": torch.zeros(0, parts, dcfg.image_seq_len)}
         if uses_filter(cfg):
             rows["support"] = torch.zeros(0, dcfg.image_seq_len, (dcfg.num_image_tokens + 7) // 8,
                                           dtype=torch.uint8, device=self.device)
         return rows
 
-    def advantages(self, prompts, rewards) -> torch.Tensor:
+    def advantages(self, prompts, batch) -> tuple[torch.Tensor, torch.Tensor]:
+        """((B, N) advantages of every token, (B,) bool: the sample's group had any spread)."""
         cfg = self.config
         if cfg.advantage == "group":
-            adv = group_normalize(prompts, rewards.numpy())
-        else:
-            adv = self.tracker.update(prompts, rewards.numpy())
-        return torch.as_tensor(clip_advantages(adv, cfg.adv_clip_max), dtype=torch.float32)
+            credited = CreditedScores(batch["rewards"], batch["reward_parts"], batch["credit_maps"])
+            return token_advantages(prompts, credited, cfg.adv_std, cfg.adv_clip_max)
+        rewards = batch["rewards"].numpy()
+        adv = clip_advantages(self.tracker.update(prompts, rewards), cfg.adv_clip_max)
+        informative = torch.from_numpy(~flat_groups(prompts, rewards))
+        return image_advantages_as_tokens(adv, self.dalle.config.image_seq_len), informative
 
     def micro_batch_loss(self, batch, advantages, index, share: float, first_pass: bool) -> tuple:
         """The loss of one micro-batch, scaled by its share of the optimizer step's samples (so the sum over the
@@ -163,8 +151,7 @@ class PolicyGradientTrainer(AlignTrainer):
         sampled, processed, model_full, flips = policy_logprobs(self.dalle, text, tokens, cfg, support,
                                                                 return_flips=True)
         old = batch["old_logprobs"][index]
-        pg_loss, stats = ppo_clipped_loss(sampled, old, advantages[index].to(sampled.device), cfg.clip_range,
-                                          batch["credit"][index] if "credit" in batch else None)
+        pg_loss, stats = ppo_clipped_loss(sampled, old, advantages[index].to(sampled.device), cfg.clip_range)
         loss = pg_loss
         n = len(index)
         sums = {"images": n, "approx_kl": stats["approx_kl"] * n, "clipfrac": stats["clipfrac"] * n,
@@ -184,13 +171,14 @@ class PolicyGradientTrainer(AlignTrainer):
     def train_epoch(self, prompts: list[str]) -> dict:
         cfg = self.config
         batch = self.collect(prompts)
-        advantages = self.advantages(prompts, batch["rewards"])
-        n = len(prompts)
+        advantages, informative = self.advantages(prompts, batch)
+        # DAPO: groups without spread carry no advantage; left out, they neither dilute the step nor pull its KL
+        kept = torch.nonzero(informative).reshape(-1) if cfg.drop_flat_groups else torch.arange(len(prompts))
         totals: dict[str, float] = {}
         grad_norms, ratio_first = [], 0.0
-        for inner in range(cfg.inner_epochs):
+        for inner in range(cfg.inner_epochs if len(kept) else 0):
             # the same permutation in every process (and after a resume): it depends on (seed, epoch, inner) only
-            order = torch.randperm(n, generator=seeded_generator("cpu", cfg.seed, self.epoch, inner, 1))
+            order = kept[torch.randperm(len(kept), generator=seeded_generator("cpu", cfg.seed, self.epoch, inner, 1))]
             for step, index in enumerate(chunks(order, self.step_size)):
                 def loss_of(micro, share, first_pass=inner == 0):
                     loss, sums, first = self.micro_batch_loss(batch, advantages, micro, share, first_pass)
@@ -206,12 +194,14 @@ class PolicyGradientTrainer(AlignTrainer):
         keys = sorted(totals) if totals else []
         keys = self.processes.gather_objects(keys)[0]  # process 0's keys (every process that ran has the same)
         summed = dict(zip(keys, self.processes.sum_floats([totals.get(k, 0.0) for k in keys])))
-        images = summed.pop("images")
+        images = summed.pop("images", 0)
         log = {k: v / images for k, v in summed.items() if k not in ("clamped_tokens", "support_flips")}
+        log["informative_fraction"] = float(informative.float().mean())  # samples in groups with any spread
+        log["updated_images"] = len(kept)
         log["clamped_tokens"] = int(summed.get("clamped_tokens", 0))
         if "support_flips" in summed:  # positions whose recomputed filter kept another set than the sampler's
             log["support_flips"] = int(summed["support_flips"])
-        log["grad_norm"] = float(np.mean(grad_norms))
+        log["grad_norm"] = float(np.mean(grad_norms)) if grad_norms else 0.0
         log["max_abs_logratio_first_step"] = self.processes.max_float(ratio_first)
         if "kl_ref_token" in log:  # the sequence KL: per-token KL summed over the image's tokens
             log["kl_ref_image"] = log["kl_ref_token"] * batch["tokens"].shape[1]

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from dalle_lab.align.policy_gradient import policy_logprobs, token_entropy, token_kl
+from dalle_lab.align.logprobs import policy_logprobs, token_entropy, token_kl
 from dalle_lab.rewards import is_differentiable
 from dalle_lab.align.processes import seeded_generator
 from dalle_lab.align.trainer import AlignTrainer

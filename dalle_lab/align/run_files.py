@@ -59,6 +59,8 @@ class RunFiles:
             "generator": self.generator.get_state(),
             "extra": self.extra_state_dict(),
             "step_size": self.step_size,  # samples per optimizer step, all processes together
+            "prompts": list(self.prompts),  # the RL prompt pool (after screening)
+            "screened": self.screened,
         }
         if engine_dir is not None:
             state["deepspeed"] = engine_record
@@ -115,6 +117,8 @@ class RunFiles:
         restore_rng(state["rng"])
         self.generator.set_state(state["generator"])
         self.load_extra_state(state["extra"])
+        if "prompts" in state:
+            self.prompts, self.screened = list(state["prompts"]), bool(state["screened"])
         self.log_fn(f"[align] resumed {path} at epoch {self.epoch} ({self.images_sampled} images sampled)")
 
     @torch.no_grad()

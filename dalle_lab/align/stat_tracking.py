@@ -63,19 +63,54 @@ class PerPromptStatTracker:
         self.buffers = {prompt: deque(values, maxlen=self.buffer_size) for prompt, values in state["buffers"].items()}
 
 
-def group_normalize(prompts: Sequence[str], rewards, eps: float = 1e-6) -> np.ndarray:
-    """GRPO-style advantages: each reward minus the mean of the samples for the same prompt in this batch, over their
-    std. A group whose samples all scored the same gets advantage 0 (nothing to learn from it)."""
-    rewards = np.asarray(rewards, dtype=np.float64).reshape(-1)
-    if len(prompts) != len(rewards):
-        raise ValueError(f"{len(prompts)} prompts for {len(rewards)} rewards")
+def _groups(prompts: Sequence[str], n: int) -> list[np.ndarray]:
+    """Index arrays of the samples of each prompt (a GRPO group), in first-seen order."""
+    if len(prompts) != n:
+        raise ValueError(f"{len(prompts)} prompts for {n} rewards")
     prompts = np.asarray(list(prompts), dtype=object)
-    advantages = np.zeros_like(rewards)
-    for prompt in dict.fromkeys(prompts.tolist()):
-        mask = prompts == prompt
-        group = rewards[mask]
-        advantages[mask] = (group - group.mean()) / (group.std() + eps)
-    return advantages
+    return [np.flatnonzero(prompts == prompt) for prompt in dict.fromkeys(prompts.tolist())]
+
+
+def centred_parts(prompts: Sequence[str], parts) -> np.ndarray:
+    """(B, K) or (B,) rewards minus the mean of their group (same prompt in this batch), column by column."""
+    parts = np.asarray(parts, dtype=np.float64)
+    centred = np.empty_like(parts)
+    for index in _groups(prompts, len(parts)):
+        centred[index] = parts[index] - parts[index].mean(axis=0)
+    return centred
+
+
+def reward_scale(prompts: Sequence[str], rewards, std: str = "group", eps: float = 1e-6) -> np.ndarray:
+    """(B,) one over the reward std that normalises each sample's advantage: its group's (GRPO) or the whole
+    batch's (`std="batch"`, Flow-GRPO's choice). Why the batch's: with a group's own std, a group of seven exact
+    images and one that misses one attribute gives the miss -2.65 and a group whose rewards differ by a hair gets
+    advantages of +-1; the batch's std keeps an advantage proportional to how much better or worse the sample was."""
+    rewards = np.asarray(rewards, dtype=np.float64).reshape(-1)
+    if std == "batch":
+        _groups(prompts, len(rewards))  # the length check
+        return np.full(len(rewards), 1.0 / (rewards.std() + eps))
+    if std != "group":
+        raise ValueError(f"advantage std must be 'group' or 'batch', not {std!r}")
+    scale = np.empty_like(rewards)
+    for index in _groups(prompts, len(rewards)):
+        scale[index] = 1.0 / (rewards[index].std() + eps)
+    return scale
+
+
+def flat_groups(prompts: Sequence[str], parts) -> np.ndarray:
+    """(B,) bool: samples whose group has no spread in any reward part (all its advantages are 0)."""
+    parts = np.asarray(parts, dtype=np.float64).reshape(len(prompts), -1)
+    flat = np.zeros(len(parts), dtype=bool)
+    for index in _groups(prompts, len(parts)):
+        flat[index] = bool((parts[index] == parts[index][:1]).all())
+    return flat
+
+
+def group_normalize(prompts: Sequence[str], rewards, eps: float = 1e-6, std: str = "group") -> np.ndarray:
+    """GRPO-style advantages: each reward minus the mean of the samples for the same prompt in this batch, over their
+    std (or the batch's: reward_scale). A group whose samples all scored the same gets advantage 0."""
+    rewards = np.asarray(rewards, dtype=np.float64).reshape(-1)
+    return centred_parts(prompts, rewards) * reward_scale(prompts, rewards, std, eps)
 
 
 def clip_advantages(advantages, max_abs: float | None) -> np.ndarray:

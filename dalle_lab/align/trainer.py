@@ -15,6 +15,7 @@ from __future__ import annotations
 import copy
 import json
 import math
+import os
 import time
 import warnings
 from pathlib import Path
@@ -24,15 +25,18 @@ import numpy as np
 import torch
 
 from dalle_lab.align.config import AlignConfig
+from dalle_lab.align.in_run_eval import RunEvaluator, TermRecorder, write_results
+from dalle_lab.align.kl_control import KLController
 from dalle_lab.align.logprobs import policy_logprobs, sample_with_support
+from dalle_lab.align.lora import add_lora, lora_disabled, lora_parameters
 from dalle_lab.align.processes import Processes, seeded_generator
+from dalle_lab.align.prompts import default_eval_sets, screen_prompts, split_rl_prompts
+from dalle_lab.align.run_files import STATE_FILE, RunFiles  # noqa: F401  (STATE_FILE: re-exported)
 from dalle_lab.align.updates import Updates, chunks  # noqa: F401  (chunks: re-exported)
+from dalle_lab.numerics.reward_gap import reward_gap, reward_gap_warning
 from dalle_lab.rewards import RewardWorker, get_reward
 from dalle_lab.training.engine import adamw
-
-from dalle_lab.align.run_files import STATE_FILE, RunFiles  # noqa: F401  (STATE_FILE: re-exported)
 from dalle_lab.vae.images import decode_images
-
 
 def make_optimizer(parameters, config: AlignConfig):
     """AdamW, or SGD with momentum (config.optimizer). Why SGD: Adam moves every weight by about `lr` per step
@@ -57,10 +61,8 @@ class AlignTrainer(RunFiles):
         self.dalle = dalle.eval()  # eval: no dropout, so recorded and recomputed log-probs agree
         self.tokenizer = tokenizer
         self.config = config
-        # issue 13 hook: evaluation sets (never RL prompts), the KL controller, the results file
-        from dalle_lab.align.in_run_eval import RunEvaluator, default_eval_sets, split_rl_prompts
-        from dalle_lab.align.kl_control import KLController
-
+        self.load_average_start = os.getloadavg()
+        # evaluation sets (never RL prompts), the KL controller, the results file
         eval_sets = default_eval_sets(config, prompts) if eval_sets is None else eval_sets
         self.prompts = split_rl_prompts(list(prompts), eval_sets, log_fn)
         self.evaluator = RunEvaluator(eval_sets, config)
@@ -85,16 +87,12 @@ class AlignTrainer(RunFiles):
             self.reward_options["precision"] = config.reward_precision
         self.reward = reward if reward is not None else get_reward(config.reward, **self.reward_options)
         self._check_reward_precision()
-        # a weighted sum's terms are logged one by one (issue 13 hook: in_run_eval.TermRecorder)
-        from dalle_lab.align.in_run_eval import TermRecorder
-
+        # a weighted sum's terms are logged one by one (in_run_eval.TermRecorder)
         self.term_recorder = TermRecorder(self.reward) if getattr(self.reward, "terms", None) else None
-        self.reward_worker = RewardWorker(self.term_recorder or self.reward)
+        self.reward_worker = RewardWorker(self.scoring_function())
 
         self.lora_modules = []
         if config.lora_rank > 0:
-            from dalle_lab.align.lora import add_lora
-
             self.lora_modules = add_lora(self.dalle, rank=config.lora_rank, alpha=config.lora_alpha)
         self.trainable = self._trainable_parameters()
         self.processes.broadcast_parameters(self.trainable)
@@ -105,6 +103,7 @@ class AlignTrainer(RunFiles):
         self.updates = Updates(self.dalle, self.trainable, self.optimizer, config, self.processes)
         self.deepspeed = self.updates.deepspeed  # None without DeepSpeed; run_files packs its engine state
 
+        self.screened = config.screen_samples == 0  # the prompt pool is final (screening done or not asked for)
         self.epoch = 0
         self.images_sampled = 0
         self.elapsed_s = 0.0
@@ -120,6 +119,10 @@ class AlignTrainer(RunFiles):
 
     def _build_extra_state(self) -> None:
         pass
+
+    def scoring_function(self) -> Callable:
+        """What the reward worker runs on (images, prompts): the reward (terms recorded for a weighted sum)."""
+        return self.term_recorder or self.reward
 
     def extra_state_dict(self) -> dict:
         return {}
@@ -138,8 +141,6 @@ class AlignTrainer(RunFiles):
 
     def _trainable_parameters(self) -> list:
         if self.lora_modules:
-            from dalle_lab.align.lora import lora_parameters
-
             for _, p in self._transformer_parameters():
                 p.requires_grad_(False)
             params = lora_parameters(self.dalle)
@@ -178,8 +179,6 @@ class AlignTrainer(RunFiles):
         if self.config.kl_distribution == "conditional":
             return self.reference_logprobs(text, tokens)
         if self.lora_modules:
-            from dalle_lab.align.lora import lora_disabled
-
             with lora_disabled(self.dalle):
                 return policy_logprobs(self.dalle, text, tokens, self.config, support)[1]
         return policy_logprobs(self.reference, text, tokens, self.config, support)[1]
@@ -192,8 +191,6 @@ class AlignTrainer(RunFiles):
     def reference_logprobs(self, text, tokens):
         """(B, N, V) log-probs of the starting model's plain conditional next-token distribution."""
         if self.lora_modules:
-            from dalle_lab.align.lora import lora_disabled
-
             with lora_disabled(self.dalle):
                 logits = self.dalle.logits(text, tokens)
         else:
@@ -269,8 +266,6 @@ class AlignTrainer(RunFiles):
         cfg = self.config
         if cfg.reward_precision == "fp32":
             return {}
-        from dalle_lab.numerics.reward_gap import reward_gap, reward_gap_warning
-
         gap = reward_gap(self.reward, images, prompts, cfg.reward_precision, cfg.reward_gap_fraction,
                          scores=scores, generator=self.generator)
         message = reward_gap_warning(gap, max_mean_abs_diff=cfg.reward_gap_warn)
@@ -307,6 +302,23 @@ class AlignTrainer(RunFiles):
                     f"pass --time_budget_s {cfg.time_budget_s:g}")
         return None
 
+    def screen(self) -> None:
+        """`screen_samples`: keep the RL prompts the model gets exactly right sometimes but not (almost) always
+        (prompts.screen_prompts). Process 0 screens, every process keeps its verdict; the time counts as
+        fine-tuning time, and the kept pool is saved in the state, so a resumed run does not screen again."""
+        cfg, start = self.config, time.perf_counter()
+        kept = None
+        if self.processes.is_main:
+            generator = seeded_generator(self.device, cfg.seed, 2**31)  # a stream no epoch's chunk uses
+
+            def sample(batch):
+                return self.sample(self.tokenize(batch), generator)[0].cpu()
+
+            kept = screen_prompts(sample, self.prompts, cfg.screen_samples, cfg.sample_batch_size, self.log_fn)
+        self.prompts = self.processes.gather_objects(kept)[0]
+        self.screened = True
+        self.elapsed_s += time.perf_counter() - start
+
     def evaluate_now(self) -> dict:
         """Issue 13 hook: score the current model on the evaluation sets; appended to eval.jsonl and eval_history."""
         row = {"epochs_done": self.epoch, "images_sampled": self.images_sampled,
@@ -334,6 +346,9 @@ class AlignTrainer(RunFiles):
             self.save_grid(self.out_dir / "samples_before.png")
         if main and self.evaluator.active and not self.eval_history:
             self.evaluate_now()
+        if not self.screened:
+            self.screen()
+            self.save_state()
         while (reason := self.stop_reason()) is None:
             start, cpu_start = time.perf_counter(), time.process_time()
             prompts = self.epoch_prompts(self.epoch)
@@ -369,8 +384,6 @@ class AlignTrainer(RunFiles):
             self.save_grid(self.out_dir / "samples_after.png")
             self.export(self.out_dir / "dalle_aligned.pt")
             if self.evaluator.active:
-                from dalle_lab.align.in_run_eval import write_results
-
                 write_results(self.out_dir / "results.json", self, self.argv, reason,
                               time.perf_counter() - wall_start)
                 self.plot_curve()

@@ -220,28 +220,39 @@ def _relation(first: DetectedObject, second: DetectedObject) -> str:
     return "left of" if dx < 0 else "right of"
 
 
+def matched_objects(analysis: Analysis, spec: SceneSpec) -> list[DetectedObject | None]:
+    """The detected object each caption object is judged on (None: nothing left to judge), in the caption's order.
+
+    One object: the largest object found. Two objects: caption object k is the largest object of its colour; when
+    that colour is missing, the largest object not yet matched stands in, so a wrong colour does not also fail the
+    shape."""
+    if len(spec.objects) == 1:
+        return [analysis.objects[0] if analysis.objects else None]
+    remaining = list(analysis.objects)
+    matched: list[DetectedObject | None] = [None, None]
+    for k, wanted in enumerate(spec.objects):
+        for obj in remaining:
+            if obj.color == wanted.color:
+                matched[k] = obj
+                remaining.remove(obj)
+                break
+    for k in range(2):
+        if matched[k] is None and remaining:
+            matched[k] = remaining.pop(0)
+    return matched
+
+
 def judge(analysis: Analysis, spec: SceneSpec) -> dict[str, bool]:
     """Per-attribute verdicts of an analysed image against a caption's spec (attribute names: module docstring)."""
     attributes: dict[str, bool] = {}
+    matched = matched_objects(analysis, spec)
     if len(spec.objects) == 1:
-        wanted = spec.objects[0]
-        found = analysis.objects[0] if analysis.objects else None
-        attributes["color"] = found is not None and found.color == wanted.color
-        attributes["shape"] = found is not None and found.shape == wanted.shape
+        found = matched[0]
+        attributes["color"] = found is not None and found.color == spec.objects[0].color
+        attributes["shape"] = found is not None and found.shape == spec.objects[0].shape
         attributes["size"] = found is not None and found.size == spec.size
         attributes["place"] = found is not None and found.place == spec.place
     else:
-        remaining = list(analysis.objects)
-        matched: list[DetectedObject | None] = [None, None]
-        for k, wanted in enumerate(spec.objects):
-            for obj in remaining:
-                if obj.color == wanted.color:
-                    matched[k] = obj
-                    remaining.remove(obj)
-                    break
-        for k in range(2):
-            if matched[k] is None and remaining:
-                matched[k] = remaining.pop(0)
         for k, wanted in enumerate(spec.objects, start=1):
             obj = matched[k - 1]
             attributes[f"color{k}"] = obj is not None and obj.color == wanted.color
@@ -249,6 +260,51 @@ def judge(analysis: Analysis, spec: SceneSpec) -> dict[str, bool]:
         attributes["relation"] = None not in matched and _relation(matched[0], matched[1]) == spec.relation
     attributes["background"] = analysis.background == spec.background
     return attributes
+
+
+def _object_cells(obj: DetectedObject, grid: int, border: int) -> np.ndarray:
+    """(grid, grid) bool: the token cells the object's bounding box touches, grown by `border` cells."""
+    cells = np.zeros((grid, grid), bool)
+    half = obj.side / 2
+
+    def span(centre: float) -> slice:
+        low = math.floor((centre - half) * grid) - border
+        high = math.ceil((centre + half) * grid) + border
+        return slice(max(low, 0), min(max(high, 1), grid))
+
+    cells[span(obj.y), span(obj.x)] = True
+    return cells
+
+
+def attribute_cells(result: CheckResult, caption: str, grid: int) -> dict[str, np.ndarray]:
+    """For each attribute of `result` (a `check` of this caption), the (grid, grid) bool map of the image-token cells
+    that decided it: colour, shape and size the cells of the object judged (plus a one-cell border, where edges and
+    anti-aliasing live); place and relation the cells of the object(s) judged; background the cells outside every
+    object found. A verdict on an object that is not there (nothing drawn where the caption wants something) has
+    no place to point at: every cell. Used as the credit maps of the Shapes rewards (dalle_lab.rewards.credit)."""
+    spec = parse(caption)
+    matched = matched_objects(result.analysis, spec)
+    everywhere = np.ones((grid, grid), bool)
+
+    def cells(objects, border):
+        if any(obj is None for obj in objects):
+            return everywhere
+        return np.logical_or.reduce([_object_cells(obj, grid, border) for obj in objects])
+
+    outside = ~np.logical_or.reduce([_object_cells(obj, grid, 0) for obj in result.analysis.objects] +
+                                    [np.zeros((grid, grid), bool)])
+    maps = {}
+    for name in result.attributes:
+        if name == "background":
+            maps[name] = outside
+        elif name == "relation":
+            maps[name] = cells(matched, 0)
+        elif name == "place":
+            maps[name] = cells(matched[:1], 0)
+        else:  # color, shape, size (one object); color1/shape1, color2/shape2 (two objects)
+            index = int(name[-1]) - 1 if name[-1].isdigit() else 0
+            maps[name] = cells(matched[index:index + 1], 1)
+    return maps
 
 
 def check(image, caption: str) -> CheckResult:

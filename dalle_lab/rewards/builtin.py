@@ -78,6 +78,47 @@ def shapes_exact(images, prompts: Sequence[str]):
     return _scores([float(result.exact) for result in _shapes_results(images, prompts)], images)
 
 
+MAX_ATTRIBUTES = 6  # a two-object caption states six attributes, a one-object caption five
+
+
+def _grid(num_tokens: int) -> int:
+    grid = int(round(num_tokens ** 0.5))
+    if grid * grid != num_tokens:
+        raise ValueError(f"Shapes credit maps need a square token grid, got {num_tokens} image tokens")
+    return grid
+
+
+def _shapes_credit(images, prompts, num_tokens: int, exact: bool):
+    """Credited scores of the checker (dalle_lab.rewards.credit): faithfulness is the mean of the attributes, so
+    each attribute is a part (its verdict / their number) credited to the cells that decided it
+    (checker.attribute_cells); exact match is one part credited to the cells of the attributes it failed on, or of
+    all of them when it holds."""
+    import torch
+
+    from dalle_lab.data.checker import attribute_cells
+    from dalle_lab.rewards.credit import CreditedScores
+
+    grid = _grid(num_tokens)
+    results = _shapes_results(images, prompts)
+    k = 1 if exact else MAX_ATTRIBUTES
+    parts, maps = torch.zeros(len(results), k), torch.zeros(len(results), k, num_tokens)
+    for i, (result, caption) in enumerate(zip(results, prompts)):
+        cells = attribute_cells(result, caption, grid)
+        if exact:
+            failed = [cells[name] for name, ok in result.attributes.items() if not ok] or list(cells.values())
+            parts[i, 0] = float(result.exact)
+            maps[i, 0] = torch.from_numpy(np.logical_or.reduce(failed).reshape(-1))
+            continue
+        for j, (name, ok) in enumerate(result.attributes.items()):
+            parts[i, j] = float(ok) / len(result.attributes)
+            maps[i, j] = torch.from_numpy(cells[name].reshape(-1))
+    return CreditedScores(parts.sum(1), parts, maps)
+
+
+shapes_faithfulness.credit = lambda images, prompts, num_tokens: _shapes_credit(images, prompts, num_tokens, False)
+shapes_exact.credit = lambda images, prompts, num_tokens: _shapes_credit(images, prompts, num_tokens, True)
+
+
 def negative_total_variation(images, prompts: Sequence[str] | None = None):
     """Differentiable proxy for JPEG compressibility: minus the mean absolute difference between neighbouring pixels
     (horizontal and vertical averaged).

@@ -25,7 +25,7 @@ from lab.common import git_commit, write_results
 
 SETTINGS = {
     "pg_guided_uniform": dict(),
-    "pg_guided_content": dict(token_credit="content"),
+    "pg_guided_content": dict(credit="content"),
     "pg_plain_uniform": dict(temperature=1.0, cond_scale=1.0),
     "pg_guided_t0.5": dict(temperature=0.5),
     "pg_guided_t0.3": dict(temperature=0.3),
@@ -72,13 +72,11 @@ def batch_gradient(trainer, prompts, epoch: int, params) -> tuple:
     else:
         batch = trainer.collect(prompts)
         rewards = batch["rewards"]
-        advantages = trainer.advantages(prompts, rewards)
+        advantages = trainer.advantages(prompts, batch)[0]  # (B, N): each token's, credit applied
         for index in torch.arange(len(prompts)).split(cfg.train_batch_size):
             support = batch["support"][index] if "support" in batch else None
             sampled, _, _ = policy_logprobs(trainer.dalle, batch["text"][index], batch["tokens"][index], cfg, support)
-            weights = batch["credit"][index] if "credit" in batch else None
-            loss, _ = ppo_clipped_loss(sampled, batch["old_logprobs"][index], advantages[index], cfg.clip_range,
-                                       weights)
+            loss, _ = ppo_clipped_loss(sampled, batch["old_logprobs"][index], advantages[index], cfg.clip_range)
             (loss * len(index) / len(prompts)).backward()
     flat = torch.cat([p.grad.flatten() for p in params if p.grad is not None]).clone()
     return flat, float(rewards.float().mean())

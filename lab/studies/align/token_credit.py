@@ -3,7 +3,7 @@
     python -m lab.studies.align.token_credit --dalle_path runs/dalle/dalle.pt
 
 Samples `--group` images for each of `--captions` Shapes validation captions with an alignment preset's sampling
-(default: the faithfulness preset's), splits the tokens into content and background cells as `--token_credit content`
+(default: the faithfulness preset's), splits the tokens into content and background cells as `--credit content`
 does, and writes to lab/studies/align/results/token_credit_entropy.json the share of tokens that are background, the mean
 per-token entropy of the sampling distribution on each kind, and the background's share of all sampled entropy.
 """
@@ -35,7 +35,7 @@ def main(argv=None) -> int:
     from dalle_lab.align.config import preset, to_dict
     from dalle_lab.align.credit import CONTENT_THRESHOLD, content_cells
     from dalle_lab.align.logprobs import policy_logprobs, sample_with_support
-    from dalle_lab.align.policy_gradient import token_entropy
+    from dalle_lab.align.logprobs import token_entropy
     from dalle_lab.data.shapes import validation_captions
     from dalle_lab.training.checkpoint import load_dalle
 
