@@ -6,6 +6,7 @@ never disagree.
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import asdict, dataclass, fields
 
 from dalle_lab.generate import GenerationConfig
@@ -237,7 +238,5 @@ def from_dict(values: dict, cls=None):
     known = {f.name for f in fields(cls)}
     unknown = sorted(set(values) - known)
     if unknown:
-        import warnings
-
         warnings.warn(f"ignoring unknown {cls.__name__} fields from a checkpoint: {unknown}")
     return cls(**{k: v for k, v in values.items() if k in known})

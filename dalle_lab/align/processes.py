@@ -18,6 +18,9 @@ from __future__ import annotations
 
 import numpy as np
 import torch
+import torch.distributed as dist
+
+from dalle_lab.training.distributed import env_dist_info, init_process_group
 
 
 def seeded_generator(device, *key: int) -> torch.Generator:
@@ -30,8 +33,6 @@ class Processes:
     """Rank, world size and the few collectives the trainers use."""
 
     def __init__(self, device):
-        from dalle_lab.training.distributed import env_dist_info, init_process_group
-
         self.info = info = env_dist_info()  # rank, world size and is_main / distributed: one definition
         self.rank, self.world_size = info.rank, info.world_size
         self.device = torch.device(device)
@@ -59,8 +60,6 @@ class Processes:
         """Process 0's values in every process (the same start, whatever each process initialised)."""
         if not self.distributed:
             return
-        import torch.distributed as dist
-
         with torch.no_grad():
             for p in params:
                 dist.broadcast(p.data, src=0)
@@ -69,8 +68,6 @@ class Processes:
         """Sum each parameter's gradient over processes, in one flat all-reduce (missing gradients count as 0)."""
         if not self.distributed:
             return
-        import torch.distributed as dist
-
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
         flat = torch.cat([g.reshape(-1) for g in grads])
         dist.all_reduce(flat)
@@ -84,8 +81,6 @@ class Processes:
         """Element-wise sum of a list of floats over processes (float64)."""
         if not self.distributed:
             return list(values)
-        import torch.distributed as dist
-
         tensor = torch.tensor(values, dtype=torch.float64, device=self._collective_device())
         dist.all_reduce(tensor)
         return tensor.cpu().tolist()
@@ -93,8 +88,6 @@ class Processes:
     def max_float(self, value: float) -> float:
         if not self.distributed:
             return value
-        import torch.distributed as dist
-
         tensor = torch.tensor([value], dtype=torch.float64, device=self._collective_device())
         dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
         return float(tensor.item())
@@ -107,19 +100,13 @@ class Processes:
         """Every process's `obj` in rank order (CPU tensors inside are fine)."""
         if not self.distributed:
             return [obj]
-        import torch.distributed as dist
-
         out = [None] * self.world_size
         dist.all_gather_object(out, obj)
         return out
 
     def barrier(self) -> None:
         if self.distributed:
-            import torch.distributed as dist
-
             dist.barrier()
 
     def _collective_device(self):
-        import torch.distributed as dist
-
         return self.device if dist.get_backend() == "nccl" else torch.device("cpu")

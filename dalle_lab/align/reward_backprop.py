@@ -23,11 +23,12 @@ import contextlib
 import numpy as np
 import torch
 import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint as run_checkpointed
 
 from dalle_lab.align.logprobs import policy_logprobs, token_entropy, token_kl
-from dalle_lab.rewards import is_differentiable
 from dalle_lab.align.processes import seeded_generator
 from dalle_lab.align.trainer import AlignTrainer
+from dalle_lab.rewards import is_differentiable
 
 
 def conditional_gumbel(logprobs, tokens, generator=None):
@@ -125,8 +126,6 @@ def relaxed_chain(dalle, text, tokens, config, support, last_k: int, depth: int,
     relaxed = None
     for _ in range(max(1, depth)):
         if checkpoint and torch.is_grad_enabled():
-            from torch.utils.checkpoint import checkpoint as run_checkpointed
-
             relaxed, processed, model_full = run_checkpointed(one_pass, relaxed, use_reentrant=False)
         else:
             relaxed, processed, model_full = one_pass(relaxed)

@@ -16,7 +16,13 @@ from pathlib import Path
 import torch
 
 from dalle_lab.align.config import from_dict, to_dict
-from dalle_lab.training.deepspeed_files import ENGINE_DIR_SUFFIX
+from dalle_lab.align.lora import lora_state_dict, merged_copy
+from dalle_lab.align.plots import plot_eval_curves, plot_reward_curves
+from dalle_lab.training.checkpoint import (capture_rng, make_checkpoint, model_state_without_vae, restore_rng,
+                                           save_checkpoint)
+from dalle_lab.training.deepspeed_files import ENGINE_DIR_SUFFIX, remove_engine_dirs
+from dalle_lab.utils import atomic_torch_save
+from dalle_lab.viz.grid import save_grid
 
 STATE_FILE = "align_state.pt"
 STATE_FORMAT = "dalle_lab.align_state/1"
@@ -27,9 +33,6 @@ class RunFiles:
 
     def save_state(self) -> Path | None:
         """Every process calls it (under DeepSpeed each writes its engine shard); process 0 writes the file."""
-        from dalle_lab.training.checkpoint import capture_rng
-        from dalle_lab.utils import atomic_torch_save
-
         # DeepSpeed's own engine files (optimizer partitions): collective, every process writes its own
         engine_dir = engine_record = None
         if self.deepspeed is not None:
@@ -38,8 +41,6 @@ class RunFiles:
         if not self.processes.is_main:
             return None
         if self.lora_modules:
-            from dalle_lab.align.lora import lora_state_dict
-
             weights = lora_state_dict(self.dalle)
         else:
             weights = {name: p.detach().clone() for name, p in self._transformer_parameters()}
@@ -66,8 +67,6 @@ class RunFiles:
             state["deepspeed"] = engine_record
         path = atomic_torch_save(state, self.out_dir / STATE_FILE)
         if engine_dir is not None:  # the state file now names the new directory: the older ones can go
-            from dalle_lab.training.deepspeed_files import remove_engine_dirs
-
             remove_engine_dirs(self.out_dir, f"{Path(STATE_FILE).stem}-epoch", keep={engine_dir.name})
         return path
 
@@ -80,8 +79,6 @@ class RunFiles:
                 return path
 
     def load_state(self, path) -> None:
-        from dalle_lab.training.checkpoint import restore_rng
-
         state = torch.load(path, map_location="cpu", weights_only=True)
         if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
             raise ValueError(f"{path} is not an alignment state file; remove it or choose another --out_dir")
@@ -124,8 +121,6 @@ class RunFiles:
     @torch.no_grad()
     def save_grid(self, path, seed: int = 1234) -> Path:
         """One image per evaluation prompt from a fixed seed (the global RNG is left as it was)."""
-        from dalle_lab.viz.grid import save_grid
-
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
             images = []
@@ -135,13 +130,9 @@ class RunFiles:
         return save_grid(torch.cat(images), path, captions=self.eval_prompts, scale=4, nrow=4)
 
     def plot_curve(self) -> Path:
-        from dalle_lab.align.plots import plot_reward_curves
-
         path = plot_reward_curves({self.config.method: self.history}, self.out_dir / "reward_curve.png",
                                   title=f"{self.config.reward} ({self.config.method})")
         if self.eval_history:
-            from dalle_lab.align.plots import plot_eval_curves
-
             plot_eval_curves(self.eval_history, self.out_dir / "eval_curve.png", title=self.config.reward)
         return path
 
@@ -149,14 +140,10 @@ class RunFiles:
         """The fine-tuned transformer with LoRA adapters folded into the base weights (a copy when LoRA is used)."""
         if not self.lora_modules:
             return self.dalle
-        from dalle_lab.align.lora import merged_copy
-
         return merged_copy(self.dalle)
 
     def export(self, path) -> Path:
         """Write the fine-tuned model in the standard checkpoint format, so generate.py and load_dalle read it."""
-        from dalle_lab.training.checkpoint import make_checkpoint, model_state_without_vae, save_checkpoint
-
         model = self.merged_model()
         checkpoint = make_checkpoint(
             config=self.dalle.config.to_dict(), tokenizer_identity=self.tokenizer.identity,

@@ -24,6 +24,9 @@ from typing import Callable
 
 import torch
 
+from dalle_lab.training.deepspeed_engine import DeepSpeedEngine, build_deepspeed_config
+from dalle_lab.training.precision import Precision
+
 
 def chunks(items, size: int):
     """Consecutive slices of a list or tensor, `size` at a time."""
@@ -59,9 +62,6 @@ class Updates:
         self.deepspeed = self._make_deepspeed(policy) if config.deepspeed_zero_stage is not None else None
 
     def _make_deepspeed(self, policy):
-        from dalle_lab.training.deepspeed_engine import DeepSpeedEngine, build_deepspeed_config
-        from dalle_lab.training.precision import Precision
-
         cfg, processes = self.config, self.processes
         precision = Precision(processes.device.type, None)  # float32: the RL losses take no autocast
         ds_config = build_deepspeed_config({}, batch_size=cfg.train_batch_size,

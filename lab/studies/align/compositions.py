@@ -1,0 +1,167 @@
+"""Run one `python -m dalle_lab.align` configuration for several training seeds, sequentially, and write its results
+file: can RL on captions without images teach the held-out compositions (docs/align.md, lab/studies/align/README.md)?
+
+    python lab/studies/align/compositions.py --name taught --seeds 0 1 2 -- \\
+        --dalle_path /work/runs/demo_base/dalle.pt --reward shapes_faithfulness --prompts heldout --epochs 40
+    python lab/studies/align/compositions.py --report taught leave_out ...   # the table of finished results files
+
+Everything after `--` goes to the align command unchanged; this script adds `--seed S --out_dir RUNS/<name>/seed<S>`.
+Runs use fixed image counts (`--epochs`), not time budgets, so a loaded machine changes their seconds, not their
+numbers. A seed whose results.json exists is not run again; an interrupted seed resumes from its align_state.pt.
+The results file (`results/<name>.json`, written by this script only) holds: the command, the align config, the git
+commit, the seeds, the CPU kind (lscpu's avx512_bf16 flag) and load averages, every seed's raw start and final
+evaluation, training curve, images, seconds and CPU seconds, and for each measure the mean change from the start
+with its 95 % Student-t interval across seeds.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[3]
+RESULTS = Path(__file__).resolve().parent / "results"
+HISTORY_KEYS = ("epoch", "images_sampled", "elapsed_s", "cpu_s", "reward_mean", "reward_std", "kl_ref_image",
+                "informative_fraction", "updated_images", "entropy", "approx_kl", "clipfrac", "grad_norm")
+
+
+def git_commit() -> dict:
+    def git(*args):
+        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+
+    return {"commit": git("rev-parse", "HEAD"), "dirty": bool(git("status", "--porcelain", "--untracked-files=no"))}
+
+
+def cpu_kind() -> str:
+    """'avx512_bf16' where lscpu lists the flag (native bfloat16), else 'no avx512_bf16'."""
+    flags = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
+    return "avx512_bf16" if "avx512_bf16" in flags else "no avx512_bf16"
+
+
+def t_interval(values) -> dict:
+    """Mean, sample std and the half-width of the 95 % Student-t interval of the mean (None below two values)."""
+    from scipy.stats import t
+
+    values = [float(v) for v in values]
+    n, mean = len(values), sum(values) / len(values)
+    if n < 2:
+        return {"mean": mean, "std": None, "ci95_half": None, "n": n}
+    std = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
+    return {"mean": mean, "std": std, "ci95_half": float(t.ppf(0.975, n - 1) * std / math.sqrt(n)), "n": n}
+
+
+def run_seed(align_args: list[str], seed: int, out_dir: Path) -> int:
+    command = [sys.executable, "-m", "dalle_lab.align", *align_args, "--seed", str(seed), "--out_dir", str(out_dir)]
+    out_dir.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ, PYTHONPATH=str(ROOT), WANDB_MODE="disabled")
+    with open(out_dir / "run.log", "a") as log:
+        return subprocess.run(command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT).returncode
+
+
+def training_history(out_dir: Path) -> list[dict]:
+    path = out_dir / "log.jsonl"
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.is_file() else []
+    return [{k: row[k] for k in HISTORY_KEYS if k in row} for row in rows]
+
+
+def summarise(results: dict[int, dict]) -> dict:
+    """{measure: {"start": [...], "final": t_interval, "change": t_interval, "per_seed_final", "final_se"}}."""
+    first = next(iter(results.values()))["final"]
+    summary = {}
+    for key in (k for k in first if k.startswith("eval_") and not k.endswith("_se") and k != "eval_s"):
+        finals = {s: r["final"][key] for s, r in results.items() if key in r["final"]}
+        starts = {s: r["start"][key] for s, r in results.items() if key in r["start"]}
+        summary[key[5:]] = {"start": sorted(set(starts.values())), "final": t_interval(finals.values()),
+                            "change": t_interval([finals[s] - starts[s] for s in finals if s in starts]),
+                            "per_seed_final": finals,
+                            "final_se": {s: r["final"].get(key + "_se") for s, r in results.items()}}
+    return summary
+
+
+def measure(args, align_args: list[str]) -> int:
+    runs = Path(args.runs_dir) / args.name
+    record = {"name": args.name, "script_argv": sys.argv, "git": git_commit(), "seeds": args.seeds,
+              "cpu_kind": cpu_kind(), "cpu_count": os.cpu_count(), "load_average_before": os.getloadavg(),
+              "started": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
+    for seed in args.seeds:
+        out_dir = runs / f"seed{seed}"
+        if not (out_dir / "results.json").is_file():
+            print(f"[compositions] {args.name} seed {seed}: running ({out_dir / 'run.log'})", flush=True)
+            status = run_seed(align_args, seed, out_dir)
+            print(f"[compositions] {args.name} seed {seed}: exit status {status}", flush=True)
+    results = {s: json.loads((runs / f"seed{s}" / "results.json").read_text())
+               for s in args.seeds if (runs / f"seed{s}" / "results.json").is_file()}
+    if not results:
+        return 1
+    first = results[min(results)]
+    keep = ("epochs", "images_sampled", "train_s", "train_cpu_s", "wall_s", "stop_reason", "load_average_start",
+            "load_average_end", "cpu_native_bf16", "git", "start", "final", "evals", "rl_prompts")
+    record.update({
+        "load_average_after": os.getloadavg(), "finished": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        "align_command": first["command"], "config": first["config"], "eval_sets": first["eval_sets"],
+        "eval_sampling": first["eval_sampling"], "eval_captions": first.get("eval_captions"),
+        "per_seed": {s: {k: r[k] for k in keep if k in r} | {"history": training_history(runs / f"seed{s}")}
+                     for s, r in results.items()},
+        "summary": summarise(results),
+    })
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    out = RESULTS / f"{args.name}.json"
+    out.write_text(json.dumps(record, indent=1) + "\n")
+    print(f"[compositions] wrote {out}")
+    print(report_rows([out]))
+    return 0
+
+
+ROW_MEASURES = ("heldout_accuracy", "heldout_exact_match", "left_out_accuracy", "left_out_exact_match",
+                "val_accuracy", "val_exact_match", "heldout_kl_ref_image", "heldout_diversity_pixel")
+
+
+def _cell(entry: dict | None, key: str) -> str:
+    if entry is None:
+        return ""
+    part = entry[key]
+    half = part["ci95_half"]
+    sign = "+" if key == "change" and part["mean"] >= 0 else ""
+    return f"{sign}{part['mean']:.3f}" + (f" +- {half:.3f}" if half is not None else "")
+
+
+def report_rows(paths: list[Path]) -> str:
+    """A markdown table: per results file, start -> final (change +- 95 % t) of the row measures."""
+    lines = ["| run | images | " + " | ".join(ROW_MEASURES) + " |", "|---|---|" + "---|" * len(ROW_MEASURES)]
+    for path in paths:
+        record = json.loads(Path(path).read_text())
+        images = sorted({r["images_sampled"] for r in record["per_seed"].values()})
+        cells = []
+        for key in ROW_MEASURES:
+            entry = record["summary"].get(key)
+            cells.append("" if entry is None else
+                         f"{entry['start'][0]:.3f} -> {_cell(entry, 'final')} ({_cell(entry, 'change')})")
+        lines.append(f"| {record['name']} ({len(record['per_seed'])} seeds) | {images} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    align_args = argv[argv.index("--") + 1:] if "--" in argv else []
+    own = argv[:argv.index("--")] if "--" in argv else argv
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--name", help="results/<name>.json")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--runs_dir", default=str(ROOT / "runs" / "align_study"))
+    parser.add_argument("--report", nargs="+", metavar="NAME", help="print the table of these results files")
+    args = parser.parse_args(own)
+    if args.report:
+        print(report_rows([RESULTS / f"{name}.json" for name in args.report]))
+        return 0
+    if not args.name or not align_args:
+        parser.error("give --name and the align command's arguments after --")
+    return measure(args, align_args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
