@@ -119,3 +119,12 @@ def test_adaptive_kl_coefficient_moves_in_a_run_and_resumes(tokenizer, tmp_path)
     assert coefs[0] == 0.05 and coefs[1] == pytest.approx(0.05 * 1.2) and coefs[2] == pytest.approx(0.05 * 1.44)
     again = make_trainer(tokenizer, tmp_path, epochs=3, inner_epochs=1, kl_coef=0.05, kl_target=1e-6, kl_horizon=6)
     assert again.kl.coef == pytest.approx(0.05 * 1.2 ** 3)  # restored from align_state.pt
+
+
+def test_a_run_without_a_start_evaluation_still_evaluates_at_the_end(tokenizer, tmp_path):
+    trainer = make_trainer(tokenizer, tmp_path, epochs=1, inner_epochs=1, eval_at_start=False, **SMALL_EVAL)
+    trainer.train()
+    rows = [json.loads(line) for line in (tmp_path / "eval.jsonl").read_text().splitlines()]
+    assert [row["epochs_done"] for row in rows] == [1]
+    results = json.loads((tmp_path / "results.json").read_text())
+    assert results["start"] is None and results["final"] == rows[0]

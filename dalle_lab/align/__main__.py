@@ -56,6 +56,8 @@ _HELP = {
     "guidance_grad": "with guidance: the gradient moves both branches, or the captioned (conditional) one only",
     "screen_samples": "keep RL prompts whose exact-match rate over K samples lies in (0, 0.9) (0: keep all)",
     "eval_samples": "samples of every evaluation caption (>= 2 also measures pixel diversity per caption)",
+    "eval_at_start": "evaluate the starting model before the first update (false only where the same start "
+                     "evaluation exists: same model, evaluation sets, sampling and threads)",
     "advantage": "per_prompt (DDPO's running per-prompt statistics) or group (GRPO normalisation within the epoch)",
     "backprop_last_k": "reward_backprop: the gradient reaches the model through the last K image tokens",
     "reward_precision": "run the reward model in fp32, bf16, fp16 or tpu_default (aesthetic, clip_score)",

@@ -66,6 +66,9 @@ class AlignConfig:
     eval_loss_images: int = 64  # real validation images for the image loss (forgetting); 0 = skip
     eval_diversity_samples: int = 8  # samples of one caption for the diversity measures; 0 = skip
     eval_samples: int = 1  # samples of every evaluation caption (from fixed seeds); >= 2 also gives pixel diversity
+    # evaluate the starting model before the first update. Off only where an identical start evaluation exists (same
+    # model, evaluation sets, sampling and thread count: it is deterministic), e.g. the other seeds of one study
+    eval_at_start: bool = True
     eval_temperature: float = _GENERATE.temperature
     eval_top_k: int | None = _GENERATE.top_k
     eval_cond_scale: float = _GENERATE.cond_scale

@@ -189,7 +189,8 @@ def write_results(path, trainer, argv: Sequence[str] | None, stop_reason: str, w
         "eval_captions": trainer.evaluator.eval_sets,
         "rl_prompts": len(set(trainer.prompts)),
         "eval_sampling": vars(trainer.evaluator.sampling),
-        "start": evals[0] if evals else None, "final": evals[-1] if evals else None, "evals": evals,
+        "start": evals[0] if evals and evals[0]["epochs_done"] == 0 else None, "final": evals[-1] if evals else None,
+        "evals": evals,
     }
     text = json.dumps(record, indent=1) + "\n"
     return atomic_write(Path(path), lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))

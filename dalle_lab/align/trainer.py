@@ -344,7 +344,7 @@ class AlignTrainer(RunFiles):
             (self.out_dir / "log.jsonl").unlink(missing_ok=True)
             (self.out_dir / "eval.jsonl").unlink(missing_ok=True)
             self.save_grid(self.out_dir / "samples_before.png")
-        if main and self.evaluator.active and not self.eval_history:
+        if main and self.evaluator.active and not self.eval_history and cfg.eval_at_start:
             self.evaluate_now()
         if not self.screened:
             self.screen()
@@ -375,7 +375,8 @@ class AlignTrainer(RunFiles):
                 self.plot_curve()
         self.log_fn(f"[align] stopped: {reason}")
         self.reward_worker.close()
-        final_eval = main and self.evaluator.active and self.eval_history[-1]["epochs_done"] != self.epoch
+        final_eval = main and self.evaluator.active and (not self.eval_history
+                                                         or self.eval_history[-1]["epochs_done"] != self.epoch)
         if self.processes.any(final_eval):
             if main:
                 self.evaluate_now()

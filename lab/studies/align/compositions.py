@@ -8,6 +8,9 @@ file: can RL on captions without images teach the held-out compositions (docs/al
 Everything after `--` goes to the align command unchanged; this script adds `--seed S --out_dir RUNS/<name>/seed<S>`.
 Runs use fixed image counts (`--epochs`), not time budgets, so a loaded machine changes their seconds, not their
 numbers. A seed whose results.json exists is not run again; an interrupted seed resumes from its align_state.pt.
+The evaluation of the starting model is deterministic (fixed sampling seeds), so it runs once per model and evaluation
+setting (the arguments that decide it, threads included: STARTS/<key>.json) and the other runs skip it
+(`--eval_at_start false`); each seed's record says which run's start it took.
 The results file (`results/<name>.json`, written by this script only) holds: the command, the align config, the git
 commit, the seeds, the CPU kind (lscpu's avx512_bf16 flag) and load averages, every seed's raw start and final
 evaluation, training curve, images, seconds and CPU seconds, and for each measure the mean change from the start
@@ -16,6 +19,7 @@ with its 95 % Student-t interval across seeds.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import math
 import os
@@ -55,8 +59,22 @@ def t_interval(values) -> dict:
     return {"mean": mean, "std": std, "ci95_half": float(t.ppf(0.975, n - 1) * std / math.sqrt(n)), "n": n}
 
 
-def run_seed(align_args: list[str], seed: int, out_dir: Path) -> int:
-    command = [sys.executable, "-m", "dalle_lab.align", *align_args, "--seed", str(seed), "--out_dir", str(out_dir)]
+# the align arguments that decide the start evaluation (the model, the evaluation sets, their sampling, the threads)
+START_ARGS = ("--dalle_path", "--prompts", "--leave_out_pair", "--eval_prompts", "--num_shapes_prompts", "--threads",
+              "--reward")
+
+
+def start_key(align_args: list[str]) -> str:
+    pairs = [(a, align_args[i + 1]) for i, a in enumerate(align_args[:-1])
+             if a in START_ARGS or a.startswith("--eval_") and a not in ("--eval_every", "--eval_at_start")]
+    model = Path(dict(pairs).get("--dalle_path", ""))
+    model_hash = hashlib.sha256(model.read_bytes()).hexdigest()[:16] if model.is_file() else ""
+    return hashlib.sha256(json.dumps([model_hash, sorted(pairs)]).encode()).hexdigest()[:16]
+
+
+def run_seed(align_args: list[str], seed: int, out_dir: Path, eval_at_start: bool) -> int:
+    command = [sys.executable, "-m", "dalle_lab.align", *align_args, "--seed", str(seed), "--out_dir", str(out_dir),
+               "--eval_at_start", str(eval_at_start).lower()]
     out_dir.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ, PYTHONPATH=str(ROOT), WANDB_MODE="disabled")
     with open(out_dir / "run.log", "a") as log:
@@ -83,8 +101,22 @@ def summarise(results: dict[int, dict]) -> dict:
     return summary
 
 
+def with_start(out_dir: Path, starts: Path, key: str) -> dict:
+    """The seed's results.json, its start evaluation shared through STARTS/<key>.json (written by the first run)."""
+    result = json.loads((out_dir / "results.json").read_text())
+    path = starts / f"{key}.json"
+    if result["start"] is not None:
+        if not path.is_file():
+            starts.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps({"start": result["start"], "from": str(out_dir)}) + "\n")
+        return result | {"start_from": str(out_dir)}
+    shared = json.loads(path.read_text())
+    return result | {"start": shared["start"], "start_from": shared["from"]}
+
+
 def measure(args, align_args: list[str]) -> int:
     runs = Path(args.runs_dir) / args.name
+    starts, key = Path(args.runs_dir) / "starts", start_key(align_args)
     record = {"name": args.name, "script_argv": sys.argv, "git": git_commit(), "seeds": args.seeds,
               "cpu_kind": cpu_kind(), "cpu_count": os.cpu_count(), "load_average_before": os.getloadavg(),
               "started": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
@@ -92,14 +124,17 @@ def measure(args, align_args: list[str]) -> int:
         out_dir = runs / f"seed{seed}"
         if not (out_dir / "results.json").is_file():
             print(f"[compositions] {args.name} seed {seed}: running ({out_dir / 'run.log'})", flush=True)
-            status = run_seed(align_args, seed, out_dir)
+            status = run_seed(align_args, seed, out_dir, eval_at_start=not (starts / f"{key}.json").is_file())
             print(f"[compositions] {args.name} seed {seed}: exit status {status}", flush=True)
-    results = {s: json.loads((runs / f"seed{s}" / "results.json").read_text())
+            if status == 0:
+                with_start(out_dir, starts, key)  # the first run of this key shares its start evaluation
+    results = {s: with_start(runs / f"seed{s}", starts, key)
                for s in args.seeds if (runs / f"seed{s}" / "results.json").is_file()}
     if not results:
         return 1
     first = results[min(results)]
-    keep = ("epochs", "images_sampled", "train_s", "train_cpu_s", "wall_s", "stop_reason", "load_average_start",
+    keep = ("epochs", "images_sampled", "train_s", "train_cpu_s", "wall_s", "stop_reason", "start_from",
+            "load_average_start",
             "load_average_end", "cpu_native_bf16", "git", "start", "final", "evals", "rl_prompts")
     record.update({
         "load_average_after": os.getloadavg(), "finished": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
