@@ -38,6 +38,7 @@ from dalle_lab.rewards import RewardWorker, get_reward
 from dalle_lab.training.engine import adamw
 from dalle_lab.vae.images import decode_images
 
+
 def make_optimizer(parameters, config: AlignConfig):
     """AdamW, or SGD with momentum (config.optimizer). Why SGD: Adam moves every weight by about `lr` per step
     whatever the gradient's signal-to-noise ratio, and one epoch's RL gradient is mostly noise

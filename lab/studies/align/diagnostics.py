@@ -48,6 +48,7 @@ from dalle_lab.align.prompts import heldout_protocol  # noqa: E402
 from dalle_lab.data.shapes import check  # noqa: E402
 from dalle_lab.rewards.credit import CreditedScores, uniform_credit  # noqa: E402
 from dalle_lab.training.checkpoint import load_dalle  # noqa: E402
+from dalle_lab.vae.images import decode_images  # noqa: E402
 
 # estimator variants compared on the same samples: (credit, adv_std, guidance_grad)
 VARIANTS = {"uniform_group_both": ("uniform", "group", "both"), "uniform_batch_both": ("uniform", "batch", "both"),
@@ -161,7 +162,7 @@ def step(args) -> dict:
                 part = captions[begin:begin + 128]
                 text = trainer.tokenize(part)
                 tokens, _, _ = trainer.sample_tokens(text, trainer.chunk_generator(77, chunk))
-                images = trainer.dalle.vae.decode(tokens).float().cpu()
+                images = decode_images(trainer.dalle.vae, tokens).float().cpu()
                 scores += [check(image, caption).accuracy for image, caption in zip(images, part)]
                 kls.append(sequence_kl(trainer.dalle, trainer.reference, text, tokens, trainer.config))
         return np.asarray(scores), np.concatenate(kls)
@@ -196,7 +197,7 @@ def headroom(args) -> dict:
                 for chunk, begin in enumerate(range(0, len(repeated), 128)):
                     part = repeated[begin:begin + 128]
                     tokens, _, _ = trainer.sample_tokens(trainer.tokenize(part), trainer.chunk_generator(55, chunk))
-                    images = trainer.dalle.vae.decode(tokens).float().cpu()
+                    images = decode_images(trainer.dalle.vae, tokens).float().cpu()
                     results += [check(image, caption) for image, caption in zip(images, part)]
             out[f"{name}_top_k_{top_k}"] = headroom_summary(results, len(captions), args.samples)
             print(f"{name} top_k {top_k}: {json.dumps({k: v for k, v in out[f'{name}_top_k_{top_k}'].items() if not isinstance(v, (list, dict))})}", flush=True)
