@@ -139,7 +139,7 @@ class AlignConfig:
             raise ValueError(f"credit must be one of {', '.join(CREDITS)}, not {self.credit!r}")
         if self.credit != "uniform" and self.advantage != "group":
             raise ValueError(f"credit={self.credit!r} splits group advantages over tokens: it needs advantage='group' "
-                             f"(got {self.advantage!r})")
+                             f"(got {self.advantage!r}); with per-prompt advantages use credit='uniform'")
         for name, allowed in (("adv_std", ("group", "batch")), ("guidance_grad", ("both", "conditional"))):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{name} must be one of {', '.join(allowed)}, not {getattr(self, name)!r}")

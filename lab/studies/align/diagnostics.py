@@ -51,10 +51,8 @@ from dalle_lab.training.checkpoint import load_dalle  # noqa: E402
 from dalle_lab.vae.images import decode_images  # noqa: E402
 
 # estimator variants compared on the same samples: (credit, adv_std, guidance_grad)
-VARIANTS = {"uniform_group_both": ("uniform", "group", "both"), "uniform_batch_both": ("uniform", "batch", "both"),
-            "localized_group_both": ("localized", "group", "both"),
-            "localized_batch_both": ("localized", "batch", "both"),
-            "localized_batch_conditional": ("localized", "batch", "conditional")}
+VARIANTS = {f"{credit}_{std}_{branch}": (credit, std, branch) for credit in ("uniform", "localized")
+            for std in ("group", "batch") for branch in ("both", "conditional")}
 
 
 def make_trainer(args, **overrides) -> PolicyGradientTrainer:
@@ -232,7 +230,8 @@ def main(argv=None) -> int:
     parser.add_argument("--batch", type=int, default=256, help="images per gradient (noise, step)")
     parser.add_argument("--group", type=int, default=8)
     parser.add_argument("--repeats", type=int, default=16, help="noise: independent batches")
-    parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
+    parser.add_argument("--variants", nargs="+", choices=list(VARIANTS),
+                        default=["uniform_group_both", "uniform_batch_conditional", "localized_batch_conditional"])
     parser.add_argument("--etas", type=float, nargs="+", default=[0.0, 0.05, 0.1, 0.2, 0.5, 1.0])
     parser.add_argument("--eval", type=int, default=512, help="step: images per expected-reward measurement")
     parser.add_argument("--captions", type=int, default=128, help="headroom: captions per set")
