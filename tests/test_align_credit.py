@@ -161,7 +161,7 @@ def test_the_trainer_credits_where_the_reward_map_points(tokenizer, tmp_path):  
     advantages, informative = trainer.advantages(prompts, batch)
     assert advantages[:, 8:].abs().max() == 0 and advantages[:, :8].abs().max() > 0  # 16 tokens: first half only
     torch.testing.assert_close(advantages[:, 0], torch.as_tensor(
-        group_normalize(prompts, batch["rewards"].numpy()), dtype=torch.float32).clamp(-5, 5))
+        group_normalize(prompts, batch["rewards"].numpy(), std=trainer.config.adv_std), dtype=torch.float32).clamp(-5, 5))
     before = {n: p.detach().clone() for n, p in trainer.dalle.named_parameters()}
     log = trainer.train_epoch(prompts)
     assert log["max_abs_logratio_first_step"] < 2e-5 and log["updated_images"] == int(informative.sum())

@@ -55,6 +55,7 @@ PROMPTS = validation_captions(4)
 
 def make_trainer(tokenizer, tmp_path, cls=PolicyGradientTrainer, reward=brightness, eval_sets=None, **overrides):
     settings = dict(epochs=1, prompts_per_epoch=2, group_size=3, sample_batch_size=4, train_batch_size=3,
+                    gradient_accumulation_steps=1,
                     inner_epochs=2, lr=1e-3, stat_min_count=2, seed=0,
                     temperature=1.0, top_k=None, cond_scale=1.0,  # the model's own distribution, whatever the defaults
                     eval_num_prompts=0, eval_num_heldout=0)  # no in-run evaluation (tests/test_align_eval.py has it)

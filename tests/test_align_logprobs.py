@@ -133,7 +133,8 @@ def test_conditional_guidance_grad_moves_the_model_through_the_captioned_branch_
     null = dalle.logits(dalle.null_text(text), tokens).float().detach()
     by_hand = torch.log_softmax((null + 2.0 * (cond - null)) / 0.7, -1).gather(-1, tokens[..., None])[..., 0]
     conditional = policy_logprobs(dalle, text, tokens, config)[0]
-    both = policy_logprobs(dalle, text, tokens, AlignConfig(**{**PLAIN, "cond_scale": 2.0, "temperature": 0.7}))[0]
+    both = policy_logprobs(dalle, text, tokens, AlignConfig(**{**PLAIN, "cond_scale": 2.0, "temperature": 0.7,
+                                                               "guidance_grad": "both"}))[0]
     torch.testing.assert_close(conditional, both)  # the values do not depend on where the gradient goes
     expected, got, other = gradient(by_hand), gradient(conditional), gradient(both)
     for e, g in zip(expected, got):
