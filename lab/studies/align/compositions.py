@@ -1,9 +1,9 @@
 """Run one `python -m dalle_lab.align` configuration for several training seeds, sequentially, and write its results
 file: can RL on captions without images teach the held-out compositions (docs/align.md, lab/studies/align/README.md)?
 
-    python lab/studies/align/compositions.py --name taught --seeds 0 1 2 -- \\
+    python -m lab.studies.align.compositions --name taught --seeds 0 1 2 -- \\
         --dalle_path /work/runs/demo_base/dalle.pt --reward shapes_faithfulness --prompts heldout --epochs 40
-    python lab/studies/align/compositions.py --report taught leave_out ...   # the table of finished results files
+    python -m lab.studies.align.compositions --report taught leave_out ...   # the table of finished results files
 
 Everything after `--` goes to the align command unchanged; this script adds `--seed S --out_dir RUNS/<name>/seed<S>`.
 Runs use fixed image counts (`--epochs`), not time budgets, so a loaded machine changes their seconds, not their
@@ -12,51 +12,27 @@ The evaluation of the starting model is deterministic (fixed sampling seeds), so
 setting (the arguments that decide it, threads included: STARTS/<key>.json) and the other runs skip it
 (`--eval_at_start false`); each seed's record says which run's start it took.
 The results file (`results/<name>.json`, written by this script only) holds: the command, the align config, the git
-commit, the seeds, the CPU kind (lscpu's avx512_bf16 flag) and load averages, every seed's raw start and final
-evaluation, training curve, images, seconds and CPU seconds, and for each measure the mean change from the start
-with its 95 % Student-t interval across seeds.
+commit, the seeds, the machine (CPU kind: the avx512_bf16 flag; lab.common.write_results) and load averages, every
+seed's raw start and final evaluation, training curve, images, seconds and CPU seconds, and for each measure the mean
+change from the start with its 95 % Student-t interval across seeds (seeds.py's t_interval).
 """
 from __future__ import annotations
 
 import argparse
 import hashlib
 import json
-import math
 import os
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[3]
-RESULTS = Path(__file__).resolve().parent / "results"
+from lab.common import ROOT, STUDIES, git_state, write_results
+from lab.studies.align.seeds import t_interval
+
+RESULTS = STUDIES / "align" / "results"
 HISTORY_KEYS = ("epoch", "images_sampled", "elapsed_s", "cpu_s", "reward_mean", "reward_std", "kl_ref_image",
                 "informative_fraction", "updated_images", "entropy", "approx_kl", "clipfrac", "grad_norm")
-
-
-def git_commit() -> dict:
-    def git(*args):
-        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True).stdout.strip()
-
-    return {"commit": git("rev-parse", "HEAD"), "dirty": bool(git("status", "--porcelain", "--untracked-files=no"))}
-
-
-def cpu_kind() -> str:
-    """'avx512_bf16' where lscpu lists the flag (native bfloat16), else 'no avx512_bf16'."""
-    flags = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
-    return "avx512_bf16" if "avx512_bf16" in flags else "no avx512_bf16"
-
-
-def t_interval(values) -> dict:
-    """Mean, sample std and the half-width of the 95 % Student-t interval of the mean (None below two values)."""
-    from scipy.stats import t
-
-    values = [float(v) for v in values]
-    n, mean = len(values), sum(values) / len(values)
-    if n < 2:
-        return {"mean": mean, "std": None, "ci95_half": None, "n": n}
-    std = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
-    return {"mean": mean, "std": std, "ci95_half": float(t.ppf(0.975, n - 1) * std / math.sqrt(n)), "n": n}
 
 
 # the align arguments that decide the start evaluation (the model, the evaluation sets, their sampling, the threads)
@@ -117,9 +93,8 @@ def with_start(out_dir: Path, starts: Path, key: str) -> dict:
 def measure(args, align_args: list[str]) -> int:
     runs = Path(args.runs_dir) / args.name
     starts, key = Path(args.runs_dir) / "starts", start_key(align_args)
-    record = {"name": args.name, "script_argv": sys.argv, "git": git_commit(), "seeds": args.seeds,
-              "cpu_kind": cpu_kind(), "cpu_count": os.cpu_count(), "load_average_before": os.getloadavg(),
-              "started": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
+    record = {"name": args.name, "script_argv": sys.argv, "git": git_state(ROOT), "seeds": args.seeds,
+              "load_average_before": os.getloadavg(), "started": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
     for seed in args.seeds:
         out_dir = runs / f"seed{seed}"
         if not (out_dir / "results.json").is_file():
@@ -144,10 +119,7 @@ def measure(args, align_args: list[str]) -> int:
                      for s, r in results.items()},
         "summary": summarise(results),
     })
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    out = RESULTS / f"{args.name}.json"
-    out.write_text(json.dumps(record, indent=1) + "\n")
-    print(f"[compositions] wrote {out}")
+    out = write_results(record, RESULTS / f"{args.name}.json")
     print(report_rows([out]))
     return 0
 

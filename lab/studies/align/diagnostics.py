@@ -1,8 +1,8 @@
 """Diagnostics with power for the policy gradient on held-out compositions (lab/studies/align/README.md).
 
-    python lab/studies/align/diagnostics.py headroom --dalle_path D     # room in the model's own samples
-    python lab/studies/align/diagnostics.py noise --dalle_path D        # how much of one batch's gradient is signal
-    python lab/studies/align/diagnostics.py step --dalle_path D         # does a step along it go uphill?
+    python -m lab.studies.align.diagnostics headroom --dalle_path D   # room in the model's own samples
+    python -m lab.studies.align.diagnostics noise --dalle_path D      # how much of one batch's gradient is signal
+    python -m lab.studies.align.diagnostics step --dalle_path D       # does a step along it go uphill?
 
 - headroom: for held-out captions (the taught-compositions evaluation set) and validation captions, `--samples`
   images each under the RL sampling with and without top-k; accuracy, exact match, best-of-n, and the share of
@@ -18,7 +18,7 @@
   gradient of the same samples with the advantages shuffled within each group (no signal, the same noise).
 
 Results files (written only by this script): results/diagnostics_<kind>.json with the command, commit, CPU kind, load,
-settings and raw values.
+settings and raw values (the machine through lab.common.write_results).
 """
 from __future__ import annotations
 
@@ -29,26 +29,23 @@ import os
 import sys
 import tempfile
 import time
-from pathlib import Path
 
 import numpy as np
 import torch
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-
-from compositions import RESULTS, cpu_kind, git_commit  # noqa: E402
-
-from dalle_lab.align.config import AlignConfig, to_dict  # noqa: E402
-from dalle_lab.align.credit import token_advantages  # noqa: E402
-from dalle_lab.align.evaluate import mean_and_se, sequence_kl  # noqa: E402
-from dalle_lab.align.logprobs import policy_logprobs  # noqa: E402
-from dalle_lab.align.policy_gradient import PolicyGradientTrainer, ppo_clipped_loss  # noqa: E402
-from dalle_lab.align.prompts import heldout_protocol  # noqa: E402
-from dalle_lab.data.shapes import check  # noqa: E402
-from dalle_lab.rewards.credit import CreditedScores, uniform_credit  # noqa: E402
-from dalle_lab.training.checkpoint import load_dalle  # noqa: E402
-from dalle_lab.vae.images import decode_images  # noqa: E402
+from dalle_lab.align.config import AlignConfig, to_dict
+from dalle_lab.align.credit import token_advantages
+from dalle_lab.align.evaluate import sequence_kl
+from dalle_lab.align.logprobs import policy_logprobs
+from dalle_lab.align.policy_gradient import PolicyGradientTrainer, ppo_clipped_loss
+from dalle_lab.align.prompts import heldout_protocol
+from dalle_lab.data.checker import check
+from dalle_lab.rewards.credit import CreditedScores, uniform_credit
+from dalle_lab.stats import mean_se
+from dalle_lab.training.checkpoint import load_dalle
+from dalle_lab.vae.images import decode_images
+from lab.common import git_state, write_results
+from lab.studies.align.compositions import RESULTS
 
 # estimator variants compared on the same samples: (credit, adv_std, guidance_grad)
 VARIANTS = {f"{credit}_{std}_{branch}": (credit, std, branch) for credit in ("uniform", "localized")
@@ -173,7 +170,7 @@ def step(args) -> dict:
         for eta in args.etas:
             move(eta, direction)
             after, kl = measure()
-            diff, diff_se = mean_and_se(after - before)
+            diff, diff_se = mean_se(after - before)
             out["steps"].append({"direction": name, "eta": eta, "accuracy": float(after.mean()),
                                  "difference": diff, "difference_se": diff_se, "kl_ref_image": float(kl.mean())})
             print(f"{name} eta {eta:+.3f}: accuracy {after.mean():.4f} ({diff:+.4f} +- {diff_se:.4f}), KL "
@@ -244,14 +241,11 @@ def main(argv=None) -> int:
     torch.set_num_threads(args.threads)
     started, load = time.time(), os.getloadavg()
     values = {"headroom": headroom, "noise": noise, "step": step}[args.kind](args)
-    record = {"command": [sys.executable, *sys.argv], "git": git_commit(), "cpu_kind": cpu_kind(),
+    record = {"command": [sys.executable, *sys.argv], "git": git_state(),
               "threads": args.threads, "load_average_start": load, "load_average_end": os.getloadavg(),
               "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "seconds": round(time.time() - started, 1),
               "args": vars(args), **values}
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    out = RESULTS / f"diagnostics_{args.kind}{args.tag}.json"
-    out.write_text(json.dumps(record, indent=1) + "\n")
-    print(f"wrote {out}")
+    write_results(record, RESULTS / f"diagnostics_{args.kind}{args.tag}.json")
     return 0
 
 
