@@ -14,7 +14,11 @@ HERE = Path(__file__).parent
 ROOT = HERE.parent
 
 
-def assert_same_weights(a, b, atol=1e-6):
+def assert_same_weights(a, b, atol=1e-5):
+    """Equal up to float32 summation order: the halves sum the same gradients in another order, and AdamW divides
+    each gradient by its own running scale, so a last-bit difference in a near-zero gradient becomes up to about
+    1e-6 of a weight after the run's steps (lr 1e-3). 1e-5 is 1 % of one step; a lost or doubled micro-batch moves
+    weights by a whole step."""
     assert a.keys() == b.keys()
     for name in a:
         torch.testing.assert_close(a[name], b[name], rtol=0, atol=atol, msg=name)

@@ -20,7 +20,7 @@ from dalle_lab.data.shapes import (
     split_of,
 )
 from dalle_lab.training.batches import ShapesStream
-from dalle_lab.training.seeding import derive_seed
+from dalle_lab.seeding import derive_seed
 
 SEED, N = 7, 4000
 

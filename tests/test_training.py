@@ -192,7 +192,7 @@ def test_image_text_folder_epochs_and_resume_position(tiny_vqgan, tmp_path):
     from PIL import Image
 
     from dalle_lab.data.shapes import ShapesDataset
-    from dalle_lab.viz.grid import to_uint8
+    from dalle_lab.image_grid import to_uint8
 
     folder = tmp_path / "data"
     folder.mkdir()

@@ -18,7 +18,7 @@ def folder_with(path, captions):
     from PIL import Image
 
     from dalle_lab.data.shapes import ShapesDataset
-    from dalle_lab.viz.grid import to_uint8
+    from dalle_lab.image_grid import to_uint8
 
     path.mkdir(parents=True)
     shapes = ShapesDataset(length=len(captions), seed=2)

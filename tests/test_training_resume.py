@@ -1,5 +1,5 @@
 """Resume and reproducibility with randomness on: caption dropout, attention and feed-forward dropout, several
-captions per image, DataLoader workers. Every draw comes from (seed, rank, step, position) (training/seeding.py)."""
+captions per image, DataLoader workers. Every draw comes from (seed, rank, step, position) (dalle_lab/seeding.py)."""
 import pytest
 import torch
 
@@ -15,7 +15,7 @@ def two_caption_folder(path, n=6):
     from PIL import Image
 
     from dalle_lab.data.shapes import ShapesDataset
-    from dalle_lab.viz.grid import to_uint8
+    from dalle_lab.image_grid import to_uint8
 
     path.mkdir(parents=True)
     shapes = ShapesDataset(length=2 * n, seed=4)
@@ -223,7 +223,7 @@ def two_caption_shards(path, n=8, per_shard=2):
     from PIL import Image
 
     from dalle_lab.data.shapes import ShapesDataset
-    from dalle_lab.viz.grid import to_uint8
+    from dalle_lab.image_grid import to_uint8
 
     path.mkdir(parents=True)
     shapes = ShapesDataset(length=2 * n, seed=6)

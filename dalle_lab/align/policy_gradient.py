@@ -26,10 +26,10 @@ import torch
 from dalle_lab.align.credit import credited_scores, image_advantages_as_tokens, token_advantages
 from dalle_lab.align.logprobs import token_entropy, token_kl  # noqa: F401  (token_kl: re-exported)
 from dalle_lab.align.logprobs import policy_logprobs, uses_filter  # policy_logprobs: also re-exported
-from dalle_lab.align.processes import seeded_generator
 from dalle_lab.align.stat_tracking import PerPromptStatTracker, clip_advantages, flat_groups
 from dalle_lab.align.trainer import AlignTrainer, chunks
 from dalle_lab.rewards.credit import CreditedScores
+from dalle_lab.seeding import seeded_generator
 from dalle_lab.vae.images import decode_images
 
 LOG_RATIO_LIMIT = 20.0  # exp(20) ~ 5e8: keeps a ratio finite when a token fell out of a filtered (top-k/p) support

@@ -16,17 +16,11 @@ In one process every collective here is the identity.
 """
 from __future__ import annotations
 
-import numpy as np
 import torch
 import torch.distributed as dist
 
 from dalle_lab.training.distributed import env_dist_info, init_process_group
 
-
-def seeded_generator(device, *key: int) -> torch.Generator:
-    """A generator whose stream depends only on `key` (seed, epoch, chunk, ...), on `device`."""
-    seed = int(np.random.SeedSequence([int(k) for k in key]).generate_state(1, dtype=np.uint64)[0] >> 1)
-    return torch.Generator(device=device).manual_seed(seed)
 
 
 class Processes:

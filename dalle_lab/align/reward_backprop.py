@@ -26,9 +26,9 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint as run_checkpointed
 
 from dalle_lab.align.logprobs import policy_logprobs, token_entropy, token_kl
-from dalle_lab.align.processes import seeded_generator
 from dalle_lab.align.trainer import AlignTrainer
 from dalle_lab.rewards import is_differentiable
+from dalle_lab.seeding import seeded_generator
 
 
 def conditional_gumbel(logprobs, tokens, generator=None):

@@ -22,7 +22,7 @@ from dalle_lab.training.checkpoint import (capture_rng, make_checkpoint, model_s
                                            save_checkpoint)
 from dalle_lab.training.deepspeed_files import ENGINE_DIR_SUFFIX, remove_engine_dirs
 from dalle_lab.utils import atomic_torch_save
-from dalle_lab.viz.grid import save_grid
+from dalle_lab.image_grid import save_grid
 
 STATE_FILE = "align_state.pt"
 STATE_FORMAT = "dalle_lab.align_state/1"

@@ -29,12 +29,13 @@ from dalle_lab.align.in_run_eval import RunEvaluator, TermRecorder, write_result
 from dalle_lab.align.kl_control import KLController
 from dalle_lab.align.logprobs import policy_logprobs, sample_with_support
 from dalle_lab.align.lora import add_lora, lora_disabled, lora_parameters
-from dalle_lab.align.processes import Processes, seeded_generator
+from dalle_lab.align.processes import Processes
 from dalle_lab.align.prompts import default_eval_sets, screen_prompts, split_rl_prompts
 from dalle_lab.align.run_files import STATE_FILE, RunFiles  # noqa: F401  (STATE_FILE: re-exported)
 from dalle_lab.align.updates import Updates, chunks  # noqa: F401  (chunks: re-exported)
 from dalle_lab.numerics.reward_gap import reward_gap, reward_gap_warning
 from dalle_lab.rewards import RewardWorker, get_reward
+from dalle_lab.seeding import seeded_generator
 from dalle_lab.training.engine import adamw
 from dalle_lab.vae.images import decode_images
 

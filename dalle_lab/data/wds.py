@@ -21,6 +21,7 @@ from itertools import islice
 from typing import Iterator, Sequence
 
 from ..extras import needs_extra
+from ..seeding import derive_seed
 from .folder import IMAGE_EXTENSIONS
 from .transforms import load_image
 
@@ -63,8 +64,6 @@ def _split_by_rank(shards: Iterator[dict], rank: int, world_size: int) -> Iterat
 
 
 def _seed(*parts) -> int:
-    from dalle_lab.training.seeding import derive_seed
-
     return derive_seed(*parts)
 
 

@@ -15,7 +15,7 @@ from PIL import Image
 
 from dalle_lab.tokenizers import check_vocab_fits
 from dalle_lab.vae.images import decode_images
-from dalle_lab.viz.grid import save_grid, to_uint8
+from dalle_lab.image_grid import save_grid, to_uint8
 
 from .config import GenerationConfig
 from .generation import generate

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import torch
 
-from .seeding import derive_seed
+from dalle_lab.seeding import derive_seed
 
 SHAPES_SPLIT = "train"
 # The stream is unbounded in practice; ShapesDataset wants a length, and 2**31 - 1 samples is never exhausted.

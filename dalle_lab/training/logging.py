@@ -8,6 +8,8 @@ import math
 import sys
 import time
 
+from dalle_lab.image_grid import to_uint8
+
 
 def format_seconds(seconds: float | None) -> str:
     if seconds is None or not math.isfinite(seconds):
@@ -102,8 +104,6 @@ class RunLogger:
         if self.wandb_run is None:
             return
         import wandb
-
-        from dalle_lab.viz.grid import to_uint8
 
         self.wandb_run.log({"samples": [wandb.Image(a, caption=c) for a, c in zip(to_uint8(images), captions)]},
                            step=step)

@@ -18,6 +18,8 @@ from pathlib import Path
 
 import torch
 
+from dalle_lab.image_grid import save_grid
+from dalle_lab.seeding import seed_micro_batch
 from . import checkpoint as ckpt_io
 from . import run_setup as setup
 from . import sources
@@ -29,7 +31,6 @@ from .interrupt import StepHold, StopRequests
 from .logging import RunLogger
 from .resume import check_resume_settings, run_facts
 from .schedule import LRSchedule
-from .seeding import seed_micro_batch
 from .tokenizer_choice import RunTokenizers, choose_tokenizers
 
 
@@ -282,8 +283,6 @@ def _write_samples(run: _Run) -> None:
         return
     from dalle_lab.generate import GenerationConfig
     from dalle_lab.generate.folders import sample_images
-    from dalle_lab.viz.grid import save_grid
-
     model, vae, step = run.model, run.tokenizers.vae, run.step
     was_training = model.training
     model.eval()

@@ -26,6 +26,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from ..image_grid import save_grid
 from ..utils import pick_device
 from . import taming_format
 from .codebook import usage_stats
@@ -107,8 +108,6 @@ def train_vae(cfg: VAETrainConfig) -> dict[str, Any]:
         return metrics
 
     def save_samples() -> None:
-        from ..viz.grid import save_grid
-
         images = val_images[:16] if val_images is not None else next(batches)[:16]
         _, recon = evaluate_reconstructions(run.model, images, cfg.gumbel, cfg.fmap_size)
         save_grid(torch.cat([images, recon]), out / "samples" / f"step_{run.step:06d}.png", nrow=8, scale=2)

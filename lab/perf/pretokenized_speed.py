@@ -47,7 +47,7 @@ def shapes_folder(directory: Path, n: int, image_size: int) -> Path:
     from PIL import Image
 
     from dalle_lab.data.shapes import ShapesDataset
-    from dalle_lab.viz.grid import to_uint8
+    from dalle_lab.image_grid import to_uint8
 
     directory.mkdir(parents=True)
     shapes = ShapesDataset(length=n, image_size=image_size, seed=0)

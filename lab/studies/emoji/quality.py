@@ -53,7 +53,7 @@ def save_sample_grid(dalle, vae, tokenizer, names, path, samples, settings, seed
 
     from dalle_lab.data.emoji import EmojiDataset
     from dalle_lab.generate.folders import sample_images
-    from dalle_lab.viz.grid import make_labeled_rows
+    from dalle_lab.image_grid import make_labeled_rows
 
     everything = EmojiDataset("all", image_size=vae.image_size)
     index = {name: i for i, name in enumerate(everything.names)}

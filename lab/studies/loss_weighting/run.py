@@ -52,7 +52,7 @@ def run_one(config: StudyConfig, setting: Setting, seed: int, image_tokenizer: d
     from dalle_lab.training.loop import train
     from dalle_lab.utils import atomic_write, pick_device
     from dalle_lab.viz.attention_words import caption_word_attention
-    from dalle_lab.viz.grid import to_uint8
+    from dalle_lab.image_grid import to_uint8
 
     torch.set_num_threads(config.threads)
     directory = run_dir(config, setting, seed)

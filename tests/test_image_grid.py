@@ -1,7 +1,7 @@
 """Image grids: tiles land where the layout says, and long labels are cut rather than spilled."""
 import torch
 
-from dalle_lab.viz.grid import make_grid, make_labeled_rows
+from dalle_lab.image_grid import make_grid, make_labeled_rows
 
 
 def dark(pixel) -> bool:  # text is anti-aliased: count any clearly dark pixel as ink

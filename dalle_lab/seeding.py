@@ -10,11 +10,14 @@ So every draw that shapes training is a pure function of the run's seed and *whe
 - which caption of an image is used, the epoch's sample order, DataLoader worker seeds, shard and sample shuffles:
   generators seeded from (seed, epoch, position) in batches.py and dalle_lab.data.wds.
 
-`derive_seed` turns such a tuple into a seed without Python's `hash()` (salted per process for strings).
+`derive_seed` turns such a tuple into a seed without Python's `hash()` (salted per process for strings). It is
+the package's one seeding scheme: training, the data streams and align's samplers all draw from it.
 """
 from __future__ import annotations
 
 import hashlib
+
+import torch
 
 _SEED_MASK = (1 << 63) - 1
 
@@ -25,11 +28,11 @@ def derive_seed(*parts) -> int:
     return int.from_bytes(digest, "little") & _SEED_MASK
 
 
-def generator(*parts):
-    """A CPU torch.Generator seeded from `parts` (see derive_seed)."""
-    import torch
-
-    return torch.Generator().manual_seed(derive_seed(*parts))
+def seeded_generator(device, *parts) -> torch.Generator:
+    """A torch.Generator on `device` whose stream depends only on `parts` (see derive_seed): align's sampling and
+    chunk orders, so the same tokens come out whatever the number of processes. The parts are integers; they are
+    converted to int first, so a numpy or tensor integer gives the stream of the same Python int (repr differs)."""
+    return torch.Generator(device=device).manual_seed(derive_seed(*(int(part) for part in parts)))
 
 
 def seed_micro_batch(seed: int, rank: int, step: int, attempt: int) -> None:
@@ -37,6 +40,4 @@ def seed_micro_batch(seed: int, rank: int, step: int, attempt: int) -> None:
     step, `attempt` counts this step's micro-batches including skipped non-finite ones. Caption dropout and dropout
     inside the model then depend only on where the micro-batch is, never on what ran before it (a resume, a sample
     grid, a different logging interval)."""
-    import torch
-
     torch.manual_seed(derive_seed("micro-batch", seed, rank, step, attempt))
