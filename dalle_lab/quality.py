@@ -15,6 +15,7 @@ import random
 import sys
 import time
 
+from dalle_lab.flags import HelpFormatter
 from dalle_lab.provenance import git_state, machine
 
 # the main job's quality targets on unseen captions (split, metric, at least)
@@ -22,27 +23,33 @@ TARGETS = (("validation", "accuracy", 0.90), ("validation", "exact_match", 0.60)
            ("heldout", "accuracy", 0.80), ("heldout", "exact_match", 0.30))
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m dalle_lab.quality", description=__doc__.split("\n\n")[0])
-    p.add_argument("--dalle_path", default="runs/dalle/dalle.pt")
-    p.add_argument("--n_val", type=int, default=200)
-    p.add_argument("--n_heldout", type=int, default=100)
+def build_parser() -> argparse.ArgumentParser:
     # sampling defaults: the library's (GenerationConfig), so the benchmark scores what generate.py produces
     from dalle_lab.generate import GenerationConfig
 
     defaults = GenerationConfig()
-    p.add_argument("--top_k", type=int, default=defaults.top_k)
-    p.add_argument("--top_p", type=float, default=defaults.top_p)
-    p.add_argument("--temperature", type=float, default=defaults.temperature)
+    p = argparse.ArgumentParser(prog="python -m dalle_lab.quality", description=__doc__.split("\n\n")[0],
+                                formatter_class=HelpFormatter)
+    p.add_argument("--dalle_path", default="runs/dalle/dalle.pt", help="the Shapes checkpoint to score")
+    p.add_argument("--n_val", type=int, default=200, help="validation captions (unseen captions of seen pairs)")
+    p.add_argument("--n_heldout", type=int, default=100, help="held-out-composition captions (pairs never seen)")
+    p.add_argument("--top_k", type=int, default=defaults.top_k, help="sampling top-k (0: off)")
+    p.add_argument("--top_p", type=float, default=defaults.top_p, help="nucleus sampling threshold (none: off)")
+    p.add_argument("--temperature", type=float, default=defaults.temperature, help="sampling temperature")
     p.add_argument("--cond_scale", type=float, default=defaults.cond_scale,
-                   help="classifier-free guidance scale, 1 = off (the default 2 is calibrated in lab/studies/recipe/)")
-    p.add_argument("--batch_size", type=int, default=50)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
-    p.add_argument("--json", default=None, help="also write the numbers to this file")
+                   help="classifier-free guidance scale, 1 = off (the default is calibrated in lab/studies/recipe/)")
+    p.add_argument("--batch_size", type=int, default=50, help="images sampled at once")
+    p.add_argument("--seed", type=int, default=0, help="sampling seed (the same seed gives the same images)")
+    p.add_argument("--threads", type=int, default=None, help="torch threads (none: torch's choice)")
+    p.add_argument("--json", default=None, help="also write the numbers to this file (none: print only)")
     p.add_argument("--no_ceiling", action="store_true",
                    help="skip the image tokenizer's ceiling (the checker on VQGAN reconstructions of the real "
                         "validation images: no DALLE can score above what its tokenizer can draw)")
+    return p
+
+
+def main(argv=None) -> int:
+    p = build_parser()
     args = p.parse_args(argv)
 
     import torch

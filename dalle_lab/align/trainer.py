@@ -31,7 +31,7 @@ from dalle_lab.align.logprobs import policy_logprobs, sample_with_support
 from dalle_lab.align.lora import add_lora, lora_disabled, lora_parameters
 from dalle_lab.align.processes import Processes
 from dalle_lab.align.prompts import default_eval_sets, screen_prompts, split_rl_prompts
-from dalle_lab.align.run_files import STATE_FILE, RunFiles  # noqa: F401  (STATE_FILE: re-exported)
+from dalle_lab.align.run_files import STATE_FILE, RunFiles, base_identity, resume_line
 from dalle_lab.align.updates import Updates, chunks  # noqa: F401  (chunks: re-exported)
 from dalle_lab.numerics.reward_gap import reward_gap, reward_gap_warning
 from dalle_lab.rewards import RewardWorker, get_reward
@@ -57,13 +57,26 @@ class AlignTrainer(RunFiles):
     def __init__(self, dalle, tokenizer, config: AlignConfig, prompts: Sequence[str], out_dir,
                  *, reward: Callable | None = None, eval_prompts: Sequence[str] | None = None,
                  reward_options: dict | None = None, resume: bool = True, log_fn: Callable[[str], None] = print,
-                 eval_sets: dict[str, list[str]] | None = None, argv: Sequence[str] | None = None):
+                 eval_sets: dict[str, list[str]] | None = None, argv: Sequence[str] | None = None,
+                 base_checkpoint=None, wandb: dict | None = None):
+        """`base_checkpoint`: the file `dalle` was loaded from; its sha256 is recorded, and a run folder holding the
+        fine-tuning of another file is refused. `wandb`: {"name", "entity", "project"} logs every epoch there."""
         if not prompts:
             raise ValueError("fine-tuning needs at least one prompt (--prompts FILE with one caption per line)")
         self.dalle = dalle.eval()  # eval: no dropout, so recorded and recomputed log-probs agree
         self.tokenizer = tokenizer
         self.config = config
         self.load_average_start = os.getloadavg()
+        self.out_dir = Path(out_dir)
+        self.device = next(p for p in dalle.parameters()).device
+        self.processes = Processes(self.device)
+        self.log_fn = log_fn if self.processes.is_main else (lambda _: None)
+        self.base = base_identity(base_checkpoint) if base_checkpoint is not None else None
+        resume = resume and (self.out_dir / STATE_FILE).exists()
+        if resume:  # the first line: which run continues, from where (or the refusal, before anything is built)
+            self.log_fn(resume_line(self.out_dir, self.base, config))
+        elif self.processes.is_main:  # a fresh run: no state of an earlier one may be continued by mistake later
+            (self.out_dir / STATE_FILE).unlink(missing_ok=True)
         # evaluation sets (never RL prompts), the KL controller, the results file
         eval_sets = default_eval_sets(config, prompts) if eval_sets is None else eval_sets
         self.prompts = split_rl_prompts(list(prompts), eval_sets, log_fn)
@@ -72,15 +85,11 @@ class AlignTrainer(RunFiles):
         self.kl = KLController(config.kl_coef, config.kl_target, config.kl_horizon)
         self.argv = argv
         self.eval_prompts = list(eval_prompts) if eval_prompts else list(dict.fromkeys(self.prompts))[:8]
-        self.out_dir = Path(out_dir)
-        self.device = next(p for p in dalle.parameters()).device
-        self.processes = Processes(self.device)
         if self.processes.distributed and not self.several_processes:
             raise ValueError(f"--method {config.method} runs in one process only ({self.processes.world_size} were "
                              f"started): launch it without torchrun / the deepspeed launcher")
         if self.processes.is_main:
             self.out_dir.mkdir(parents=True, exist_ok=True)
-        self.log_fn = log_fn if self.processes.is_main else (lambda _: None)
         torch.manual_seed(config.seed)
         self.generator = torch.Generator().manual_seed(config.seed)  # the reward-gap subsample (process 0)
 
@@ -114,8 +123,11 @@ class AlignTrainer(RunFiles):
         self.history: list[dict] = []
         self._build_extra_state()
         self.processes.barrier()  # process 0 has created out_dir
-        if resume and (self.out_dir / STATE_FILE).exists():
+        if resume:
             self.load_state(self.out_dir / STATE_FILE)
+        self.wandb_run = self.open_wandb(wandb, resume) if self.processes.is_main else None
+        if self.processes.is_main:
+            self.write_run_file()  # the folder says which run it holds from the start
 
     # ------------------------------------------------------------ hooks for subclasses
 
@@ -377,6 +389,8 @@ class AlignTrainer(RunFiles):
                 self.plot_curve()
         self.log_fn(f"[align] stopped: {reason}")
         self.reward_worker.close()
+        if self.wandb_run is not None:
+            self.wandb_run.finish()
         final_eval = main and self.evaluator.active and (not self.eval_history
                                                          or self.eval_history[-1]["epochs_done"] != self.epoch)
         if self.processes.any(final_eval):
@@ -396,6 +410,8 @@ class AlignTrainer(RunFiles):
     def _write_log(self, log: dict) -> None:
         with open(self.out_dir / "log.jsonl", "a", encoding="utf-8") as handle:
             handle.write(json.dumps(log) + "\n")
+        if self.wandb_run is not None:  # one wandb step per epoch, the epochs done so far
+            self.wandb_run.log({k: v for k, v in log.items() if isinstance(v, (int, float))}, step=log["epoch"] + 1)
         shown = ("reward_mean", "reward_std", "kl_ref_image", "approx_kl", "clipfrac", "entropy", "reward_gap")
         parts = [f"{k} {log[k]:.4g}" for k in shown if k in log]
         self.log_fn(f"[align] epoch {log['epoch']} images {log['images_sampled']} "

@@ -16,6 +16,7 @@ import time
 
 import torch
 
+from dalle_lab.flags import OUTPUT_DIR, HelpFormatter
 from dalle_lab.generate import GenerationConfig
 from dalle_lab.numerics import PRECISION_MODES
 from dalle_lab.precision.aesthetic_parity import encoder_parity, head_parity, markdown_report, write_report
@@ -34,27 +35,29 @@ RANDOM_CLIP_NOTE = ("CLIP WEIGHTS ARE RANDOM: no --clip_path was given, so the e
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m dalle_lab.precision.parity", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+                                     formatter_class=HelpFormatter)
     parser.add_argument("--head_path", required=True, help="LAION aesthetic head .pth (sac+logos+ava1-l14-linearMSE)")
     parser.add_argument("--clip_path", help="local CLIP: transformers directory or OpenAI state-dict file; "
-                                            "omitted: a random-weight ViT-L/14 (stated in the outputs)")
-    parser.add_argument("--images", help="folder of images to score")
+                                            "none: a random-weight ViT-L/14 (stated in the outputs)")
+    parser.add_argument("--images", help="folder of images to score (none: no image check)")
     parser.add_argument("--dalle_path", help="DALLE checkpoint to sample images from (with --prompts)")
     parser.add_argument("--prompts", help="text file, one prompt per line (with --dalle_path)")
-    parser.add_argument("--embeddings", help="folder of .npy CLIP embeddings for the head-only check")
+    parser.add_argument("--embeddings", help="folder of .npy CLIP embeddings for the head-only check (none: no "
+                                             "head-only check)")
     parser.add_argument("--modes", nargs="+", default=["bf16", "fp16", "tpu_default"],
                         choices=[m for m in PRECISION_MODES if m != "fp32"], help="modes compared with fp32")
     parser.add_argument("--max_images", type=int, default=8, help="score at most this many images")
-    parser.add_argument("--batch_size", type=int, default=4)
+    parser.add_argument("--batch_size", type=int, default=4, help="images scored at once")
     parser.add_argument("--random_clip_layers", type=int, default=None,
                         help="with no --clip_path: fewer layers than ViT-L/14's 24, for a quick look")
     parser.add_argument("--random_clip_init_factor", type=float, default=1.0,
                         help="with no --clip_path: scale of the random weights (transformers' initializer_factor); "
                              "larger gives sharper attention and larger activations, and more rounding drift")
     parser.add_argument("--seed", type=int, default=0, help="seed of the random CLIP and of DALLE sampling")
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
-    parser.add_argument("--out", default="parity_report", help="output folder: parity.json, parity.md, parity.png")
+    parser.add_argument("--device", default="cpu", help="auto|cpu|cuda")
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (none: torch's choice)")
+    parser.add_argument(*OUTPUT_DIR, dest="out", default="parity_report",
+                        help="the report's folder: parity.json, parity.md, parity.png")
     return parser
 
 

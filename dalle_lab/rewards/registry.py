@@ -57,6 +57,8 @@ BUILTIN_REWARDS: dict[str, RewardFn] = {
     "negative_total_variation": negative_total_variation,
     "brightness": brightness,
 }
+# every name --reward takes (the two model rewards need files: get_reward says which)
+REWARD_NAMES = tuple(sorted([*BUILTIN_REWARDS, "aesthetic", "clip_score"]))
 
 
 def get_reward(spec: str | RewardFn, **aesthetic_options) -> RewardFn:
@@ -87,7 +89,7 @@ def get_reward(spec: str | RewardFn, **aesthetic_options) -> RewardFn:
         elif name in BUILTIN_REWARDS:
             reward = BUILTIN_REWARDS[name]
         else:
-            known = ", ".join(sorted([*BUILTIN_REWARDS, "aesthetic", "clip_score"]))
+            known = ", ".join(REWARD_NAMES)
             raise ValueError(f"unknown reward {name!r}; choose from {known} (or a weighted sum like a:1+b:0.5)")
         terms.append((reward, weight))
     if len(terms) == 1 and terms[0][1] == 1.0:

@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 from dalle_lab.data.builtin import BUILTIN_DATASETS, builtin_vocabulary_captions
+from dalle_lab.flags import HelpFormatter
 from dalle_lab.tokenizers.vocab import (
     BACKENDS,
     SPELLING_CHARACTERS,
@@ -27,18 +28,20 @@ from dalle_lab.tokenizers.vocab import (
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m dalle_lab.tokenizers.train", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+                                     formatter_class=HelpFormatter)
     parser.add_argument("--input", nargs="+", default=[], metavar="PATH",
-                        help="caption text files (one caption a line) and/or image-text folders")
+                        help="caption text files (one caption a line) and/or image-text folders (default: none; give "
+                             "this and/or --dataset)")
     parser.add_argument("--dataset", choices=BUILTIN_DATASETS, action="append", default=[],
                         help="add a built-in dataset's training captions (shapes: every caption of the grammar, "
-                             "the recipe of the shipped shapes.model; emoji: the training split's names)")
+                             "the recipe of the shipped shapes.model; emoji: the training split's names; repeatable)")
     parser.add_argument("--shapes", action="store_true", help="the same as --dataset shapes")
     parser.add_argument("--vocab_size", type=int, required=True,
                         help="most tokens in the vocabulary, pad/unk/bos/eos included")
-    parser.add_argument("--output", required=True, help="where to write it: *.model (yttm) or *.json (hf)")
+    parser.add_argument("--output", required=True,
+                        help="the vocabulary file to write: *.model (youtokentome) or *.json (HuggingFace tokenizers)")
     parser.add_argument("--backend", choices=BACKENDS, default=None,
-                        help="youtokentome or HuggingFace tokenizers; default: from the --output suffix")
+                        help="youtokentome or HuggingFace tokenizers (default: from the --output suffix)")
     parser.add_argument("--text_seq_len", type=int, default=24,
                         help="only for the report: how many captions would not fit this context")
     parser.add_argument("--verbose", action="store_true", help="show youtokentome's own training log")
@@ -62,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
                               extra_characters=extra_characters, verbose=args.verbose)
         lengths = caption_lengths(tokenizer, captions)
     except (ValueError, FileNotFoundError, RuntimeError, ImportError) as error:
-        print(f"error: {error}", file=sys.stderr)
+        print(f"python -m dalle_lab.tokenizers.train: error: {error}", file=sys.stderr)
         return 2
 
     too_long = sum(length > args.text_seq_len for length in lengths)

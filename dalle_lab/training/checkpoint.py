@@ -131,6 +131,18 @@ def rotate_checkpoints(directory: str | os.PathLike, name: str, keep_n: int | No
     return doomed + remove_engine_dirs(directory, f"{name}-step", keep=named)
 
 
+def clear_run(directory: str | os.PathLike, name: str) -> list[Path]:
+    """Delete what run `name` wrote into `directory` (train_dalle.py --overwrite): its latest and step checkpoints
+    with their DeepSpeed engine directories, its metrics file and its sample grids. Returns the deleted paths."""
+    directory = Path(directory)
+    doomed = [directory / f"{name}.pt", directory / f"{name}-metrics.jsonl",
+              *directory.glob(f"{name}-step*.pt"), *(directory / "samples").glob("step*.png")]
+    doomed = [p for p in doomed if p.is_file()]
+    for path in doomed:
+        path.unlink()
+    return doomed + remove_engine_dirs(directory, f"{name}-step", keep=set())
+
+
 # ---------------------------------------------------------------- reading
 
 def read_checkpoint(path: str | os.PathLike, map_location="cpu") -> dict:

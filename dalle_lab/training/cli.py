@@ -8,12 +8,20 @@ import argparse
 import dataclasses
 import typing
 
+from dalle_lab.flags import (CLIP_GRAD_NORM, GA_STEPS, LEARNING_RATE, MAX_STEPS, OUTPUT_DIR, PRECISION, ZERO_STAGE,
+                             BooleanFlag, HelpFormatter, resume_flags, time_limit_flags)
+
 from .config import TrainConfig
 from .dallepytorch_flags import GIVES, add_train_flags, apply_train_flags
 from .schedule import DECAYS
 
 # model fields the data decides (the tokenizer's vocab, the VAE's codebook and grid): not flags with a default
 DERIVED_MODEL_FIELDS = {"num_image_tokens", "image_fmap_size"}
+# the older names of a field's flag, the canonical name first (dalle_lab/flags.py: one vocabulary for every CLI)
+FLAG_NAMES = {"output_dir": OUTPUT_DIR, "learning_rate": LEARNING_RATE, "max_steps": MAX_STEPS,
+              "clip_grad_norm": CLIP_GRAD_NORM, "ga_steps": GA_STEPS, "zero_stage": ZERO_STAGE}
+# --precision WORD: the (amp, amp_dtype) it stands for
+PRECISIONS = {"auto": (True, "auto"), "bf16": (True, "bf16"), "fp16": (True, "fp16"), "fp32": (False, "auto")}
 # fields whose flag also takes "auto" (measured from the data before step 1, see training/sources.py)
 AUTO_FIELDS = {"text_seq_len"}
 
@@ -72,7 +80,10 @@ HELP = {
     "output_dir": "where checkpoints and sample grids go",
     "dalle_output_file_name": "checkpoint name: <output_dir>/<name>.pt (+ <name>-stepN.pt)",
     "dalle_path": "start from this checkpoint's weights (a training checkpoint is resumed exactly)",
-    "resume": "continue a run exactly from this checkpoint (bare --resume: <output_dir>/<name>.pt)",
+    "resume": "continue a run exactly from this checkpoint (bare --resume: <output_dir>/<name>.pt, which is also "
+              "continued without --resume when it exists)",
+    "overwrite": "start a new run even though <output_dir>/<name>.pt holds one: that run's checkpoints and metrics "
+                 "are deleted first",
     "save_every_n_steps": "checkpoint interval", "keep_n_checkpoints": "step checkpoints kept (0: all)",
     "sample_every_n_steps": "sample grid interval (0: never)",
     "sample_captions": "captions for the sample grids, separated by |",
@@ -129,16 +140,19 @@ def _add_fields(group, cls, defaults, skip=(), none_default=()):
             continue
         kind = _int_or_auto if f.name in AUTO_FIELDS else _base_type(hints[f.name])
         default = None if f.name in none_default else getattr(defaults, f.name)
+        flags = FLAG_NAMES.get(f.name, (f"--{f.name}",))
         help_text = HELP.get(f.name, f.name.replace("_", " "))
         if kind is bool:
-            group.add_argument(f"--{f.name}", action=argparse.BooleanOptionalAction, default=default, help=help_text)
+            group.add_argument(*flags, dest=f.name, action=BooleanFlag, default=default, help=help_text)
         else:
-            shown = "" if f.name in none_default else f" (default: {_shown(default)})"
-            group.add_argument(f"--{f.name}", type=kind, default=default, help=help_text + shown)
+            group.add_argument(*flags, dest=f.name, type=kind, default=default, help=help_text)
 
 
-def _shown(default):
-    return ",".join(map(str, default)) if isinstance(default, tuple) else default
+class _Precision(argparse.Action):
+    """--precision auto|fp32|bf16|fp16: --amp / --no-amp and --amp_dtype in one word (train_vae.py's flag)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        namespace.amp, namespace.amp_dtype = PRECISIONS[values]
 
 
 def build_train_parser() -> argparse.ArgumentParser:
@@ -147,18 +161,25 @@ def build_train_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         description="Train a DALLE text-to-image transformer. With no data flags: the built-in Shapes data, its "
                     "default image tokenizer and its shipped BPE vocabulary (--dataset emoji: the same for emoji).",
+        formatter_class=HelpFormatter,
     )
     model = parser.add_argument_group("model (defaults: DALLEConfig)")
     _add_fields(model, DALLEConfig, DALLEConfig(), skip=DERIVED_MODEL_FIELDS,
                 none_default={"num_text_tokens", "text_seq_len"})
     training = parser.add_argument_group("training (defaults: TrainConfig)")
-    special = {"resume", "lr_decay", "sample_captions", "deepspeed"}
+    special = {"resume", "lr_decay", "sample_captions", "deepspeed", "max_minutes"}
     _add_fields(training, TrainConfig, TrainConfig(), skip=special)
     defaults = TrainConfig()
-    training.add_argument("--resume", nargs="?", const="latest", default=defaults.resume, help=HELP["resume"])
+    time_limit_flags(training, "max_minutes", "minutes", defaults.max_minutes, HELP["max_minutes"])
+    training.add_argument(PRECISION, choices=PRECISIONS, action=_Precision, dest="amp_dtype", default=argparse.SUPPRESS,
+                          help="the same as --amp/--no-amp with --amp_dtype in one word: fp32 is --no-amp, auto|bf16|"
+                               "fp16 are --amp with that --amp_dtype (default: auto, as --amp --amp_dtype auto)")
+    resume_flags(training, HELP["resume"], HELP["overwrite"], nargs="?", const="latest", default=defaults.resume,
+                 metavar="CHECKPOINT")
     training.add_argument("--lr_decay", nargs="?", const="plateau", choices=DECAYS, default=defaults.lr_decay,
                           help=HELP["lr_decay"])
-    training.add_argument("--sample_captions", type=str, default=None, help=HELP["sample_captions"])
+    training.add_argument("--sample_captions", type=str, default=None,
+                          help=HELP["sample_captions"] + " (default: a few validation captions of the data)")
     training.add_argument("--deepspeed", action="store_true", default=defaults.deepspeed, help=HELP["deepspeed"])
     # the deepspeed launcher passes --local_rank to every process; LOCAL_RANK in the environment says the same
     training.add_argument("--local_rank", type=int, default=None, help=argparse.SUPPRESS)
@@ -198,6 +219,7 @@ def config_from_args(args: argparse.Namespace) -> tuple[TrainConfig, dict]:
         if overrides.get(name) is None:
             overrides.pop(name, None)
     values.pop("local_rank", None)
+    values.pop("overwrite", None)  # a decision of the command line (cli/train_dalle.py), not a setting of the run
     values["deepspeed"] = bool(values.get("deepspeed"))
     captions = values.pop("sample_captions", None)
     values["sample_captions"] = [c.strip() for c in captions.split("|") if c.strip()] if captions else []

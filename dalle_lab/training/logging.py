@@ -19,6 +19,17 @@ def format_seconds(seconds: float | None) -> str:
         f"{seconds // 60}:{seconds % 60:02d}"
 
 
+def open_wandb(name: str, entity: str | None = None, project: str = "dalle_lab", run_id: str | None = None,
+               config: dict | None = None):
+    """The wandb run every trainer logs to (train_dalle, train_vae, align): wandb is imported here, only when a run
+    name was given. `run_id` continues a resumed run's wandb run. WANDB_MODE=offline (files, no network) and
+    WANDB_MODE=disabled (nothing at all) are wandb's own switches."""
+    import wandb
+
+    return wandb.init(project=project, name=name, entity=entity, id=run_id, resume="allow" if run_id else None,
+                      config=config)
+
+
 class RunLogger:
     def __init__(self, enabled: bool, progress: bool = True, wandb_name: str | None = None,
                  wandb_entity: str | None = None, wandb_project: str = "dalle_lab", wandb_run_id: str | None = None,
@@ -30,10 +41,7 @@ class RunLogger:
         self.wandb_run = None
         self.started = time.monotonic()
         if enabled and wandb_name:
-            import wandb
-
-            self.wandb_run = wandb.init(project=wandb_project, name=wandb_name, entity=wandb_entity,
-                                        id=wandb_run_id, resume="allow" if wandb_run_id else None, config=config)
+            self.wandb_run = open_wandb(wandb_name, wandb_entity, wandb_project, wandb_run_id, config)
 
     def cut_metrics_back(self, step: int) -> None:
         """A resumed run starts after `step`: drop the lines a crashed run logged past its last checkpoint, so

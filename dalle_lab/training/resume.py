@@ -39,9 +39,11 @@ def run_facts(*, world_size: int, micro_batch: int, ga_steps: int, schedule) -> 
     return {"world_size": world_size, "micro_batch": micro_batch, "ga_steps": ga_steps, "lr_total_steps": horizon}
 
 
-def check_resume_settings(ckpt: dict, cfg: TrainConfig, model_overrides: dict, facts: dict | None, path) -> None:
-    """Raise CheckpointError naming every setting that differs from the saved run's (facts None: flags only)."""
-    changed = changed_settings(ckpt, cfg, model_overrides, facts)
+def check_resume_settings(ckpt: dict, cfg: TrainConfig, model_overrides: dict, facts: dict | None, path,
+                          also: list[str] = ()) -> None:
+    """Raise CheckpointError naming every setting that differs from the saved run's (facts None: flags only), and
+    the differences `also` names."""
+    changed = changed_settings(ckpt, cfg, model_overrides, facts) + list(also)
     if changed:
         raise CheckpointError(
             f"cannot resume {path} exactly: {'; '.join(changed)}. Resume with the saved values (train_dalle.py takes "
@@ -74,6 +76,16 @@ def changed_settings(ckpt: dict, cfg: TrainConfig, model_overrides: dict, facts:
                     "world_size": " (start as many processes as the saved run)"}.get(key, " (a --deepspeed_config?)")
             changed.append(f"{what} {facts[key]} (saved: {saved_facts[key]}){hint}")
     return changed
+
+
+def budget_changes(ckpt: dict, cfg: TrainConfig, given: set[str]) -> list[str]:
+    """--max_steps / --epochs given with other values than the saved run's where they set its LR decay horizon
+    (cosine, linear decay): named as flags before the run starts (the engine check would refuse the horizon)."""
+    saved = ckpt.get("train_config") or {}
+    if saved.get("lr_decay") not in ("cosine", "linear"):
+        return []
+    return [_flag(name, getattr(cfg, name), saved[name]) + " (the LR decay horizon)" for name in ("max_steps", "epochs")
+            if name in given and name in saved and not _same(getattr(cfg, name), saved[name])]
 
 
 def settings_from_checkpoint(cfg: TrainConfig, overrides: dict, given: set[str], ckpt: dict):

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -32,7 +33,7 @@ from . import taming_format
 from .codebook import usage_stats
 from .train_config import MODEL_FIELDS, VAETrainConfig, model_config
 from .train_data import image_batches, stack_images, training_data
-from .train_files import export_tokenizer, load_perceptual, resume_state, save_state
+from .train_files import export_tokenizer, load_perceptual, save_state, start_or_resume
 from .train_step import Float32GroupNorm, build_run, resolve_precision, train_step
 from .vqgan import codebook_of, decode_latents, encode_to_indices
 
@@ -82,13 +83,13 @@ def train_vae(cfg: VAETrainConfig) -> dict[str, Any]:
     train_source, val_items = training_data(cfg)  # before anything is written: a bad --data fails cleanly
     out = Path(cfg.out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    yaml_path = taming_format.write_config(model_config(cfg), out / "vqgan.yaml")
     last = out / "last.ckpt"
 
     torch.manual_seed(cfg.seed)
     run = build_run(cfg, device)
-    if cfg.resume and last.is_file():
-        resume_state(run, cfg, last)
+    print(start_or_resume(run, cfg, out), file=sys.stderr)  # the first line: which run, from which step
+    yaml_path = taming_format.write_config(model_config(cfg), out / "vqgan.yaml")  # once the run is known to match
+    wandb_run = _open_wandb(cfg, run)
     amp_dtype = resolve_precision(cfg.precision, device)
     lpips = load_perceptual(cfg.lpips_path, device) if cfg.lpips_path else None
     val_images = stack_images(val_items) if val_items else None
@@ -105,6 +106,8 @@ def train_vae(cfg: VAETrainConfig) -> dict[str, Any]:
         run.history.append(metrics)
         with open(out / "metrics.jsonl", "a") as handle:
             handle.write(json.dumps(metrics) + "\n")
+        if wandb_run is not None:
+            wandb_run.log({k: v for k, v in metrics.items() if isinstance(v, (int, float))}, step=run.step)
         return metrics
 
     def save_samples() -> None:
@@ -123,6 +126,8 @@ def train_vae(cfg: VAETrainConfig) -> dict[str, Any]:
         bar.update(1)
         bar.set_postfix(loss=f"{logs['loss']:.4f}", psnr=f"{logs['batch_psnr']:.1f}", codes=logs["batch_codes"],
                         refresh=False)
+        if wandb_run is not None:
+            wandb_run.log({f"train/{k}": v for k, v in logs.items()}, step=run.step)
         if cfg.val_every and run.step % cfg.val_every == 0 and run.step < cfg.steps:
             bar.write(f"step {run.step}: " + ", ".join(f"{k} {v:.4g}" for k, v in validate().items()
                                                          if isinstance(v, float)))
@@ -144,8 +149,23 @@ def train_vae(cfg: VAETrainConfig) -> dict[str, Any]:
     save_state(run, cfg, last)
     save_samples()
     ckpt_path, _ = export_tokenizer(cfg, last, out / "vqgan.ckpt", yaml_path)
+    if wandb_run is not None:
+        wandb_run.finish()
     metrics.update({"checkpoint": str(ckpt_path), "config": str(yaml_path), "last": str(last)})
     return metrics
+
+
+def _open_wandb(cfg: VAETrainConfig, run):
+    """The run's wandb run when --wandb_name asks for one (continuing a resumed run's), else None."""
+    if not cfg.wandb_name:
+        return None
+    from dataclasses import asdict
+
+    from ..training.logging import open_wandb
+
+    wandb_run = open_wandb(cfg.wandb_name, cfg.wandb_entity, cfg.wandb_project, run.wandb_run_id, config=asdict(cfg))
+    run.wandb_run_id = getattr(wandb_run, "id", None)
+    return wandb_run
 
 
 def summary(metrics: dict[str, Any]) -> str:

@@ -61,6 +61,10 @@ class VAETrainConfig:
     threads: int | None = None  # torch.set_num_threads; None leaves torch's default
     device: str = "auto"
     progress: bool = True
+    # wandb, as train_dalle's: off unless a run name is given (wandb is imported only then)
+    wandb_name: str | None = None
+    wandb_entity: str | None = None
+    wandb_project: str = "dalle_lab"
 
     def __post_init__(self):
         """Impossible settings are one-line errors naming the flag and a value that works."""

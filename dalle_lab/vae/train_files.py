@@ -23,7 +23,7 @@ def _state_dict_with_loss(run: VAERun) -> dict[str, torch.Tensor]:
 
 
 def save_state(run: VAERun, cfg: VAETrainConfig, path: Path) -> None:
-    train_state = {"torch_rng": torch.get_rng_state(), "history": run.history}
+    train_state = {"torch_rng": torch.get_rng_state(), "history": run.history, "wandb_run_id": run.wandb_run_id}
     if run.ema is not None:
         train_state["codebook"] = run.ema.state_dict()
     optimizers = [run.optimizer.state_dict()]
@@ -44,7 +44,7 @@ def resume_state(run: VAERun, cfg: VAETrainConfig, path: Path) -> None:
                  if k in saved and comparable(saved[k]) != comparable(getattr(cfg, k))]
     if different:
         raise ValueError(f"{path} was trained with other model settings ({'; '.join(different)}); "
-                         "use another out_dir, the same settings, or resume=False to start over")
+                         "give another --output_dir, the same settings, or --overwrite to start afresh there")
     state = checkpoint["state_dict"]
     run.model.load_state_dict({k: v for k, v in state.items() if not k.startswith(taming_format.LOSS_PREFIX)})
     if run.discriminator is not None:
@@ -61,7 +61,24 @@ def resume_state(run: VAERun, cfg: VAETrainConfig, path: Path) -> None:
     if "torch_rng" in train_state:
         torch.set_rng_state(train_state["torch_rng"])
     run.history = list(train_state.get("history", []))
+    run.wandb_run_id = train_state.get("wandb_run_id")
     run.step = int(checkpoint["global_step"])
+
+
+def start_or_resume(run: VAERun, cfg: VAETrainConfig, out: Path) -> str:
+    """The resume rule (docs/training.md): the run `out` holds (last.ckpt) is continued - its model settings must
+    match - unless cfg.resume is False (--overwrite), which deletes that run's state, metrics and sample grids
+    first. Returns the run's first line, saying which."""
+    last = out / "last.ckpt"
+    if cfg.resume and last.is_file():
+        resume_state(run, cfg, last)
+        return f"resumed {last} at step {run.step} (the run {out} holds; --overwrite starts afresh)"
+    stale = [last, out / "metrics.jsonl", *(out / "samples").glob("step_*.png")]
+    removed = [path for path in stale if path.is_file()]
+    for path in removed:
+        path.unlink()
+    return f"a new run in {out}" + (f" (--overwrite: {len(removed)} files of the run it held deleted)" if removed
+                                    else "")
 
 
 def export_tokenizer(cfg: VAETrainConfig, checkpoint_path: str | os.PathLike, ckpt_out: str | os.PathLike,

@@ -39,6 +39,7 @@ class VAERun:
     disc_optimizer: torch.optim.Optimizer | None = None
     step: int = 0
     history: list = field(default_factory=list)
+    wandb_run_id: str | None = None  # a resumed run continues its wandb run
 
 
 class Float32GroupNorm(torch.nn.GroupNorm):
