@@ -105,7 +105,7 @@ run() {
     fi
 }
 run "${launch[@]}" train_dalle.py --output_dir "$RUN_DIR" --device "$device" "${steps_flag[@]}" "$@"
-run "$PY" generate.py --dalle_path "$RUN_DIR/dalle.pt" --device "$device" --outputs_dir "$OUT_DIR" --num_images 8 \
+run "$PY" generate.py --dalle_path "$RUN_DIR/dalle.pt" --device "$device" --outputs_dir "$OUT_DIR" --overwrite --num_images 8 \
     --text "a small green square on the left on a white background|a green square above a purple triangle on a gray background|a small blue circle at the bottom right on a black background"
 if [ -n "${DEMO_DRY_RUN:-}" ]; then exit 0; fi
 echo

@@ -13,6 +13,12 @@ def _train_dalle():
     return build_train_parser()
 
 
+def _generate():
+    from dalle_lab.cli.generate import build_parser
+
+    return build_parser()
+
+
 def _train_vae():
     from dalle_lab.cli.train_vae import build_parser
 
@@ -43,7 +49,7 @@ def _quality():
     return build_parser()
 
 
-PARSERS = {"train_dalle": _train_dalle, "train_vae": _train_vae, "align": _align,
+PARSERS = {"train_dalle": _train_dalle, "generate": _generate, "train_vae": _train_vae, "align": _align,
            "parity": _parity, "bpe": _bpe, "quality": _quality}
 # flags a launcher passes, hidden on purpose
 HIDDEN = {"--local_rank"}
@@ -51,6 +57,7 @@ HIDDEN = {"--local_rank"}
 HAS = {
     "train_dalle": ["output folder", "learning rate", "steps", "gradient clipping", "gradient accumulation",
                     "ZeRO stage", "start afresh"],
+    "generate": ["output folder"],
     "train_vae": ["output folder", "learning rate", "steps", "start afresh"],
     "align": ["output folder", "learning rate", "gradient clipping", "gradient accumulation", "ZeRO stage",
               "start afresh"],
@@ -100,7 +107,8 @@ def required(name) -> list[str]:
             "parity": ["--head_path", "h.pth"]}.get(name, [])
 
 
-def test_the_trainers_lead_with_output_dir():
+def test_generate_leads_with_dallepytorchs_outputs_dir_and_the_trainers_with_output_dir():
+    assert _generate()._option_string_actions["--out_dir"].option_strings[0] == "--outputs_dir"
     for build in (_train_dalle, _train_vae, _align, _parity):
         assert build()._option_string_actions["--outputs_dir"].option_strings[0] == OUTPUT_DIR[0]
 

@@ -438,7 +438,7 @@ def test_hug_chinese_taming_in_generate(trained, tmp_path, capsys):
     assert generate_main(*base, "--hug", "--bpe_path", files / "words.json", "--chinese", "--taming") == 0
     err = capsys.readouterr().err
     assert "--taming: the VQGAN is dalle_lab's only image tokenizer" in err
-    assert generate_main(*base, "--chinese") == 0
+    assert generate_main(*base, "--chinese", "--overwrite") == 0  # the same caption folder again: replaced
     assert "--chinese: the checkpoint's recorded vocabulary is used" in capsys.readouterr().err
     assert generate_main(*base, "--hug", "--bpe_path", DEFAULT_BPE_PATH) == 2
     err = capsys.readouterr().err.strip().splitlines()

@@ -4,8 +4,9 @@ Installed as the console script `dalle-generate`; `python generate.py` in a chec
     python generate.py --dalle_path runs/dalle/dalle.pt --text "a red circle|a blue square above a green triangle"
 
 Writes <outputs_dir>/<caption_with_underscores>/<i>.png, a grid.png per caption, and one line per image in
-<outputs_dir>/manifest.jsonl. The text and image tokenizers are found from what the checkpoint recorded (or where
---bpe_path / --vqgan_model_path + --vqgan_config_path say they are now). DALLE-pytorch's generate.py command lines
+<outputs_dir>/manifest.jsonl; a caption folder an earlier run wrote into is refused unless --overwrite replaces it.
+The text and image tokenizers are found from what the checkpoint recorded (or where --bpe_path /
+--vqgan_model_path + --vqgan_config_path say they are now). DALLE-pytorch's generate.py command lines
 work too (--top_k 0.9, --gentxt, --hug, ...: docs/training.md), and so do its checkpoints: --dalle_path may name a
 DALLE-pytorch train_dalle.py file, converted in memory (--bpe_path then names its vocabulary; docs/migrating.md).
 """
@@ -13,6 +14,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from dalle_lab.flags import OUTPUT_DIR, OVERWRITE, BooleanFlag, HelpFormatter, names
 from dalle_lab.generate import STRATEGIES, GenerationConfig
 from dalle_lab.training.dallepytorch_flags import FlagError, add_generate_flags, apply_generate_flags, parse_top_k
 
@@ -20,35 +22,43 @@ DEFAULTS = GenerationConfig()
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=HelpFormatter)
     p.add_argument("--dalle_path", required=True, help="checkpoint written by train_dalle.py (e.g. runs/dalle/dalle.pt), "
                    "or by DALLE-pytorch's (converted in memory)")
     p.add_argument("--text", required=True, help='caption(s), several separated by "|"')
-    p.add_argument("--num_images", type=int, default=8, help="images per caption (default: 8)")
-    p.add_argument("--batch_size", type=int, default=16, help="images sampled at once (default: 16)")
+    p.add_argument("--num_images", type=int, default=8, help="images per caption")
+    p.add_argument("--batch_size", type=int, default=16, help="images sampled at once")
     p.add_argument("--top_k", type=parse_top_k, default=str(DEFAULTS.top_k),
-                   help=f"sample from the k likeliest image tokens (default: {DEFAULTS.top_k}; 0: no top-k); a "
-                        "fraction in (0, 1) is DALLE-pytorch's filter threshold: 0.9 keeps the likeliest 10%%")
-    p.add_argument("--top_p", type=float, default=DEFAULTS.top_p, help="nucleus sampling threshold (default: off)")
-    p.add_argument("--temperature", type=float, default=DEFAULTS.temperature,
-                   help=f"sampling temperature (default: {DEFAULTS.temperature})")
+                   help="sample from the k likeliest image tokens (0: no top-k); a fraction in (0, 1) is "
+                        "DALLE-pytorch's filter threshold: 0.9 keeps the likeliest 10%%")
+    p.add_argument("--top_p", type=float, default=DEFAULTS.top_p, help="nucleus sampling threshold (none: off)")
+    p.add_argument("--temperature", type=float, default=DEFAULTS.temperature, help="sampling temperature")
     p.add_argument("--cond_scale", type=float, default=DEFAULTS.cond_scale,
-                   help=f"classifier-free guidance scale, 1 = off (default: {DEFAULTS.cond_scale})")
+                   help="classifier-free guidance scale, 1 = off")
     p.add_argument("--seed", type=int, default=0, help="random seed: the same seed gives the same images")
-    p.add_argument("--outputs_dir", default="outputs", help="where images go (default: outputs)")
-    p.add_argument("--device", default="auto", help="auto|cpu|cuda (default: auto)")
+    p.add_argument(*names(OUTPUT_DIR, first="--outputs_dir"), dest="outputs_dir", default="outputs",
+                   help="where images go: <outputs_dir>/<caption>/<i>.png, grid.png, and manifest.jsonl")
+    p.add_argument(OVERWRITE[0], action="store_true",
+                   help="a caption whose folder already holds images (from an earlier run) is refused, so the "
+                        "manifest never lists images that were replaced; --overwrite deletes that folder's images "
+                        "and their manifest lines first")
+    p.add_argument("--progress", action=BooleanFlag, default=True,
+                   help="a progress bar over the captions (shown only on a terminal)")
+    p.add_argument("--device", default="auto", help="auto|cpu|cuda")
     p.add_argument("--truncate_captions", action="store_true",
                    help="cut captions longer than the model's text_seq_len instead of failing")
     p.add_argument("--strategy", choices=STRATEGIES, default=DEFAULTS.strategy,
                    help="how the decode passes run, the same images for a seed whichever runs (speculative: the same "
                         "distribution, other images): auto picks the fastest exact one; compiled costs a compile at "
-                        "the first batch (docs/model.md, 'Generation'; docs/performance.md) (default: auto)")
+                        "the first batch (docs/model.md, 'Generation'; docs/performance.md)")
     p.add_argument("--attention_maps", action="store_true",
                    help="also save attention maps: where each image cell looked in the caption "
                         "(<outputs_dir>/<caption>/attention/)")
     p.add_argument("--bpe_path", default=None,
-                   help="the checkpoint's text vocabulary where it is now (it must be the same file: hash checked)")
-    p.add_argument("--vqgan_model_path", default=None, help="the checkpoint's VQGAN .ckpt where it is now (same file)")
+                   help="the checkpoint's text vocabulary where it is now (it must be the same file: hash checked); "
+                        "none: where the checkpoint recorded it")
+    p.add_argument("--vqgan_model_path", default=None,
+                   help="the checkpoint's VQGAN .ckpt where it is now (same file); none: where it was recorded")
     p.add_argument("--vqgan_config_path", default=None, help="the checkpoint's VQGAN .yaml where it is now")
     p.add_argument("--openai_encoder_path", default=None, help="DALLE-pytorch files with OpenAI's VAE: its encoder.pkl")
     p.add_argument("--openai_decoder_path", default=None, help="DALLE-pytorch files with OpenAI's VAE: its decoder.pkl")
@@ -106,7 +116,8 @@ def main(argv=None) -> int:
         with torch.inference_mode():
             records = generate_to_folder(dalle, vae, tokenizer, captions, args.outputs_dir, args.num_images,
                                          args.batch_size, config, args.seed, checkpoint=str(args.dalle_path),
-                                         truncate=args.truncate_captions)
+                                         truncate=args.truncate_captions, overwrite=args.overwrite,
+                                         progress=args.progress and sys.stderr.isatty())
             if args.attention_maps:
                 _attention_maps(dalle, tokenizer, vae, captions, config, args)
     except (CheckpointError, ConversionError, ValueError, FileNotFoundError) as err:

@@ -7,13 +7,17 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
+import sys
 from dataclasses import asdict
 from pathlib import Path
 
 import torch
 from PIL import Image
+from tqdm.auto import tqdm
 
 from dalle_lab.tokenizers import check_vocab_fits
+from dalle_lab.utils import atomic_write
 from dalle_lab.vae.images import decode_images
 from dalle_lab.image_grid import save_grid, to_uint8
 
@@ -69,35 +73,78 @@ def caption_dirname(caption: str, max_len: int = 120) -> str:
     return name or "caption"
 
 
+def claim_caption_folders(outputs_dir: str | os.PathLike, captions, overwrite: bool = False) -> None:
+    """Check each caption's folder before anything is sampled, so manifest.jsonl lists exactly the images on disk:
+    two captions may not share a folder, and a folder an earlier run wrote into (images there, or manifest lines
+    naming it) is refused - or, with `overwrite`, emptied first of its images, attention maps and manifest lines."""
+    outputs_dir = Path(outputs_dir)
+    owners: dict[str, str] = {}
+    for caption in captions:
+        name = caption_dirname(caption)
+        if name in owners:
+            raise ValueError(f"the captions {owners[name]!r} and {caption!r} would both write to {outputs_dir / name}: "
+                             "give each caption once")
+        owners[name] = caption
+    manifest = outputs_dir / "manifest.jsonl"
+    lines = manifest.read_text(encoding="utf-8").splitlines(keepends=True) if manifest.is_file() else []
+    listed = {_record_folder(line) for line in lines}
+    used = [name for name in owners if name in listed or any((outputs_dir / name).glob("*.png"))]
+    if used and not overwrite:
+        more = f" (and {len(used) - 1} more of these captions' folders)" if len(used) > 1 else ""
+        raise ValueError(f"{outputs_dir / used[0]} already holds images of an earlier run{more}: give another "
+                         "--outputs_dir, or --overwrite to replace them (their manifest.jsonl lines go too)")
+    for name in used:
+        for image in (outputs_dir / name).glob("*.png"):
+            image.unlink()
+        shutil.rmtree(outputs_dir / name / "attention", ignore_errors=True)
+    if used:
+        kept = "".join(line for line in lines if _record_folder(line) not in used)
+        atomic_write(manifest, lambda tmp: Path(tmp).write_text(kept, encoding="utf-8"))
+
+
+def _record_folder(line: str) -> str | None:
+    """The caption folder a manifest line's image lies in (None for a line that is not a record)."""
+    try:
+        return Path(json.loads(line)["file"]).parts[0]
+    except (ValueError, KeyError, TypeError, IndexError):
+        return None
+
+
 def generate_to_folder(dalle, vae, tokenizer, captions, outputs_dir: str | os.PathLike, num_images: int = 4,
                        batch_size: int = 16, config: GenerationConfig | None = None, seed: int = 0,
-                       checkpoint: str | None = None, grid: bool = True, truncate: bool = False) -> list[dict]:
+                       checkpoint: str | None = None, grid: bool = True, truncate: bool = False,
+                       overwrite: bool = False, progress: bool = False) -> list[dict]:
     """For each caption: outputs_dir/<caption_with_underscores>/<i>.png, grid.png, and one manifest line per image
-    in outputs_dir/manifest.jsonl (appended, so several calls share one manifest). Returns the manifest records.
+    in outputs_dir/manifest.jsonl (appended caption by caption, so several calls with other captions share one
+    manifest, and a run cut short lists exactly the images it wrote). A caption folder an earlier call wrote into
+    is refused unless `overwrite` (claim_caption_folders). `progress`: a tqdm bar over the captions. Returns the
+    manifest records.
 
     Caption number c is sampled from a generator seeded with seed + c, so the whole call is reproducible from `seed`
     and a caption's images do not change when other captions are added after it.
     """
     config = config or GenerationConfig()
     outputs_dir = Path(outputs_dir)
-    outputs_dir.mkdir(parents=True, exist_ok=True)
     # tokenize everything first: a caption that is too long fails before any time is spent sampling
     cfg = dalle.config
     tokenize_captions(tokenizer, captions, cfg.text_seq_len, cfg.num_text_tokens, truncate)
+    claim_caption_folders(outputs_dir, captions, overwrite)
+    outputs_dir.mkdir(parents=True, exist_ok=True)
     records = []
-    for c, caption in enumerate(captions):
+    for c, caption in enumerate(tqdm(captions, disable=not progress, unit="caption", file=sys.stderr)):
         images = sample_images(dalle, vae, tokenizer, [caption] * num_images, config, seed=seed + c,
                                batch_size=batch_size, truncate=truncate)
         folder = outputs_dir / caption_dirname(caption)
         folder.mkdir(parents=True, exist_ok=True)
+        written = []
         for i, array in enumerate(to_uint8(images)):
             file = folder / f"{i}.png"
             Image.fromarray(array).save(file)
-            records.append({"caption": caption, "file": str(file.relative_to(outputs_dir)), "index": i,
+            written.append({"caption": caption, "file": str(file.relative_to(outputs_dir)), "index": i,
                             "seed": seed + c, "checkpoint": checkpoint, **asdict(config)})
         if grid:
             save_grid(images, folder / "grid.png", scale=4 if images.shape[-1] <= 64 else 1)
-    with open(outputs_dir / "manifest.jsonl", "a", encoding="utf-8") as manifest:
-        for record in records:
-            manifest.write(json.dumps(record) + "\n")
+        with open(outputs_dir / "manifest.jsonl", "a", encoding="utf-8") as manifest:
+            manifest.writelines(json.dumps(record) + "\n" for record in written)
+        records += written
     return records
