@@ -28,7 +28,7 @@ TINY_ALIGN = ["--epochs", "1", "--prompts_per_epoch", "2", "--group_size", "2", 
 # the page's commands, in order: the flags the test appends to each
 STEPS = {
     "python train_dalle.py --image_text_folder photos": [],
-    "python train_vae.py --data photos --image_size 64 --steps 20000 --out_dir runs/photos_vae": TINY_VAE,
+    "python train_vae.py --data photos --image_size 64 --max_steps 20000 --output_dir runs/photos_vae": TINY_VAE,
     "python -m dalle_lab.vae.fetch vqgan_imagenet_f16_1024 --to vqgan/": ["--no-progress"],
     "python -m dalle_lab.tokenizers.train --input photos --vocab_size 4096 --output photos.model": [],
     "python train_dalle.py --image_text_folder photos --bpe_path auto --text_seq_len auto "
@@ -42,7 +42,7 @@ STEPS = {
         ["--num_images", "2", "--batch_size", "2"],
     "cat photos/*.txt > prompts.txt": None,  # a shell line
     "python -m dalle_lab.align --dalle_path runs/photos/dalle.pt --prompts prompts.txt --reward jpeg_compressibility "
-    "--epochs 20 --out_dir runs/photos_align": TINY_ALIGN,
+    "--epochs 20 --output_dir runs/photos_align": TINY_ALIGN,
 }
 
 

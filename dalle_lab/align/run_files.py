@@ -140,12 +140,12 @@ class RunFiles:
     def load_state(self, path) -> None:
         state = torch.load(path, map_location="cpu", weights_only=True)
         if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
-            raise ValueError(f"{path} is not an alignment state file; remove it or choose another --out_dir")
+            raise ValueError(f"{path} is not an alignment state file; remove it or choose another --output_dir")
         saved = from_dict(state["config"])
         if state.get("step_size", self.step_size) != self.step_size:
             raise ValueError(f"{path} was written by a run with {state['step_size']} samples per optimizer step "
                              f"(train_batch_size x processes x gradient_accumulation_steps), this run has "
-                             f"{self.step_size}; resume with the same product, or use another --out_dir")
+                             f"{self.step_size}; resume with the same product, or use another --output_dir")
         theirs = state.get("base")
         if theirs and self.base and theirs["sha256"] != self.base["sha256"]:
             raise ValueError(f"{path} fine-tunes {_describe(theirs, saved.reward)}, not {self.base['path']} (sha256 "
@@ -154,7 +154,7 @@ class RunFiles:
             if getattr(saved, name) != getattr(self.config, name):
                 raise ValueError(f"{path} was written by a run with {name}={getattr(saved, name)!r}, this run has "
                                  f"{getattr(self.config, name)!r}; use the same settings to resume, or another "
-                                 f"--out_dir to start afresh")
+                                 f"--output_dir, or --overwrite, to start afresh")
         params = dict(self.dalle.named_parameters())
         missing = [name for name in state["weights"] if name not in params]
         if missing:

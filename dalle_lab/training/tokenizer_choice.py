@@ -123,7 +123,7 @@ def vocabulary_advice(cfg: TrainConfig) -> str:
 
 
 def image_tokenizer_advice(data: str) -> str:
-    return (f"python train_vae.py --data {data} --image_size 64 --out_dir runs/my_vae, then --vqgan_model_path "
+    return (f"python train_vae.py --data {data} --image_size 64 --output_dir runs/my_vae, then --vqgan_model_path "
             f"runs/my_vae/vqgan.ckpt --vqgan_config_path runs/my_vae/vqgan.yaml; or a published one: python -m "
             f"dalle_lab.vae.fetch {PUBLISHED_VQGAN} --to vqgan/ (about 1 GB, once)")
 
