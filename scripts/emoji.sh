@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The emoji model (README "Real images: emoji"): train the DALLE transformer on the built-in Twemoji data with its
+# The emoji model (`make emoji`; its measurements: docs/results.md, "The emoji model"): train the DALLE transformer on the built-in Twemoji data with its
 # shipped vocabulary and image tokenizer, then draw names it never saw and measure it (held-out loss, skin tone).
 set -euo pipefail
 cd "$(dirname "$0")/.."
