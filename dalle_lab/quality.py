@@ -56,13 +56,17 @@ def main(argv=None) -> int:
 
     from dalle_lab.data.checker import evaluate
     from dalle_lab.data.shapes import heldout_captions, validation_captions
-    from dalle_lab.training.checkpoint import load_dalle
+    from dalle_lab.training.checkpoint import CheckpointError, load_dalle
     from dalle_lab.generate import GenerationConfig
     from dalle_lab.generate.folders import sample_images
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    dalle, tokenizer, vae = load_dalle(args.dalle_path, "cpu")
+    try:
+        dalle, tokenizer, vae = load_dalle(args.dalle_path, "cpu")
+    except (CheckpointError, FileNotFoundError) as err:  # a missing or foreign checkpoint: one line
+        print(f"python -m dalle_lab.quality: error: {err}", file=sys.stderr)
+        return 1
     settings = GenerationConfig(top_k=args.top_k or None, top_p=args.top_p, temperature=args.temperature,
                                 cond_scale=args.cond_scale)
     ckpt_step = torch.load(args.dalle_path, weights_only=True, map_location="cpu").get("step")

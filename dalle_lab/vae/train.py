@@ -81,6 +81,7 @@ def train_vae(cfg: VAETrainConfig) -> dict[str, Any]:
         torch.set_num_threads(cfg.threads)
     device = pick_device(cfg.device)
     train_source, val_items = training_data(cfg)  # before anything is written: a bad --data fails cleanly
+    lpips = load_perceptual(cfg.lpips_path, device) if cfg.lpips_path else None  # and so does a bad --lpips_path
     out = Path(cfg.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     last = out / "last.ckpt"
@@ -91,7 +92,6 @@ def train_vae(cfg: VAETrainConfig) -> dict[str, Any]:
     yaml_path = taming_format.write_config(model_config(cfg), out / "vqgan.yaml")  # once the run is known to match
     wandb_run = _open_wandb(cfg, run)
     amp_dtype = resolve_precision(cfg.precision, device)
-    lpips = load_perceptual(cfg.lpips_path, device) if cfg.lpips_path else None
     val_images = stack_images(val_items) if val_items else None
     val_captions = [caption for _, caption in val_items] if val_items else None
     batches = image_batches(train_source, cfg, run.step)

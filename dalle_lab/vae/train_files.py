@@ -98,7 +98,7 @@ def load_perceptual(path: str | os.PathLike, device) -> Any:
     `.pt2`: a torch.export program (torch.export.save); anything else: a TorchScript file (torch.jit.save).
     """
     if not Path(path).is_file():
-        raise FileNotFoundError(f"lpips_path {path} does not exist (a torch.export .pt2 or TorchScript file)")
+        raise FileNotFoundError(f"--lpips_path {path} does not exist (a torch.export .pt2 or TorchScript file)")
     if str(path).endswith(".pt2"):
         module = torch.export.load(str(path)).module().to(device)
     else:
