@@ -113,3 +113,14 @@ def cuda_has_native_bf16(device=None) -> bool:
     if torch.version.hip:  # ROCm: every GPU torch supports computes bfloat16
         return True
     return torch.cuda.get_device_capability(device)[0] >= 8
+
+
+def open_wandb(name: str, entity: str | None = None, project: str = "dalle_lab", run_id: str | None = None,
+               config: dict | None = None):
+    """The wandb run every trainer logs to (train_dalle, train_vae, align): wandb is imported here, only when a run
+    name was given. `run_id` continues a resumed run's wandb run. WANDB_MODE=offline (files, no network) and
+    WANDB_MODE=disabled (nothing at all) are wandb's own switches."""
+    import wandb
+
+    return wandb.init(project=project, name=name, entity=entity, id=run_id, resume="allow" if run_id else None,
+                      config=config)

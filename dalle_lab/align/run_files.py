@@ -24,8 +24,7 @@ from dalle_lab.image_grid import save_grid
 from dalle_lab.training.checkpoint import (capture_rng, make_checkpoint, model_state_without_vae, restore_rng,
                                            save_checkpoint)
 from dalle_lab.training.deepspeed_files import ENGINE_DIR_SUFFIX, remove_engine_dirs
-from dalle_lab.training.logging import open_wandb
-from dalle_lab.utils import atomic_torch_save, atomic_write, file_sha256
+from dalle_lab.utils import atomic_torch_save, atomic_write, file_sha256, open_wandb
 
 STATE_FILE = "align_state.pt"
 STATE_FORMAT = "dalle_lab.align_state/1"
@@ -112,7 +111,7 @@ class RunFiles:
             remove_engine_dirs(self.out_dir, f"{Path(STATE_FILE).stem}-epoch", keep={engine_dir.name})
         return path
 
-    def open_wandb(self, settings: dict | None, resumed: bool):
+    def start_wandb(self, settings: dict | None, resumed: bool):
         """The wandb run each epoch is logged to when `settings` name one ({"name", "entity", "project"}); a resumed
         run continues its wandb run (the id is in run.json). None without settings: wandb is never imported."""
         if not settings or not settings.get("name"):

@@ -125,7 +125,7 @@ class AlignTrainer(RunFiles):
         self.processes.barrier()  # process 0 has created out_dir
         if resume:
             self.load_state(self.out_dir / STATE_FILE)
-        self.wandb_run = self.open_wandb(wandb, resume) if self.processes.is_main else None
+        self.wandb_run = self.start_wandb(wandb, resume) if self.processes.is_main else None
         if self.processes.is_main:
             self.write_run_file()  # the folder says which run it holds from the start
 

@@ -8,6 +8,8 @@ import math
 import sys
 import time
 
+from dalle_lab.utils import open_wandb
+
 from dalle_lab.image_grid import to_uint8
 
 
@@ -17,17 +19,6 @@ def format_seconds(seconds: float | None) -> str:
     seconds = int(seconds)
     return f"{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}" if seconds >= 3600 else \
         f"{seconds // 60}:{seconds % 60:02d}"
-
-
-def open_wandb(name: str, entity: str | None = None, project: str = "dalle_lab", run_id: str | None = None,
-               config: dict | None = None):
-    """The wandb run every trainer logs to (train_dalle, train_vae, align): wandb is imported here, only when a run
-    name was given. `run_id` continues a resumed run's wandb run. WANDB_MODE=offline (files, no network) and
-    WANDB_MODE=disabled (nothing at all) are wandb's own switches."""
-    import wandb
-
-    return wandb.init(project=project, name=name, entity=entity, id=run_id, resume="allow" if run_id else None,
-                      config=config)
 
 
 class RunLogger:

@@ -21,6 +21,7 @@ import json
 import math
 import sys
 import time
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from ..image_grid import save_grid
-from ..utils import pick_device
+from ..utils import open_wandb, pick_device
 from . import taming_format
 from .codebook import usage_stats
 from .train_config import MODEL_FIELDS, VAETrainConfig, model_config
@@ -159,10 +160,6 @@ def _open_wandb(cfg: VAETrainConfig, run):
     """The run's wandb run when --wandb_name asks for one (continuing a resumed run's), else None."""
     if not cfg.wandb_name:
         return None
-    from dataclasses import asdict
-
-    from ..training.logging import open_wandb
-
     wandb_run = open_wandb(cfg.wandb_name, cfg.wandb_entity, cfg.wandb_project, run.wandb_run_id, config=asdict(cfg))
     run.wandb_run_id = getattr(wandb_run, "id", None)
     return wandb_run
