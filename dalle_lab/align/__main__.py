@@ -1,19 +1,5 @@
-"""Fine-tune a trained DALLE on a reward: `python -m dalle_lab.align --dalle_path runs/dalle/dalle.pt ...`.
-
-    python -m dalle_lab.align --dalle_path runs/dalle/dalle.pt --reward jpeg_compressibility --prompts prompts.txt
-    python -m dalle_lab.align --dalle_path runs/dalle/dalle.pt --reward shapes_faithfulness --prompts heldout \
-        --max_minutes 15
-    python -m dalle_lab.align --dalle_path runs/dalle/dalle.pt --method reward_backprop \\
-        --reward negative_total_variation --backprop_last_k 16
-    python -m dalle_lab.align --dalle_path ... --reward aesthetic --clip_path /models/clip-vit-large-patch14 \\
-        --aesthetic_head_path sac+logos+ava1-l14-linearMSE.pth --reward_precision tpu_default
-
-Without --prompts the prompts are Shapes training-split captions; --prompts heldout takes the captions of the held-out
-colour-shape pairs from the Shapes grammar (dalle_lab/align/prompts.py). Re-running with the same --output_dir
-continues the run it holds (the same base checkpoint and reward; --overwrite starts afresh).
-Every AlignConfig field is a flag with the same default (python -m dalle_lab.align --help); docs/align.md explains
-the methods.
-"""
+"""Fine-tune a trained DALLE on a reward: `python -m dalle_lab.align --dalle_path runs/dalle/dalle.pt ...`
+(the usage, examples and every flag: dalle_lab/align/command_line.py, `python -m dalle_lab.align --help`)."""
 from __future__ import annotations
 
 import sys

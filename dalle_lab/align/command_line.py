@@ -13,6 +13,23 @@ from dalle_lab.flags import (CLIP_GRAD_NORM, GA_STEPS, LEARNING_RATE, OUTPUT_DIR
 from dalle_lab.numerics import PRECISION_MODES
 from dalle_lab.rewards.registry import REWARD_NAMES
 
+USAGE = """Fine-tune a trained DALLE on a reward: `python -m dalle_lab.align --dalle_path runs/dalle/dalle.pt ...`.
+
+    python -m dalle_lab.align --dalle_path runs/dalle/dalle.pt --reward jpeg_compressibility --prompts prompts.txt
+    python -m dalle_lab.align --dalle_path runs/dalle/dalle.pt --reward shapes_faithfulness --prompts heldout \\
+        --max_minutes 15
+    python -m dalle_lab.align --dalle_path runs/dalle/dalle.pt --method reward_backprop \\
+        --reward negative_total_variation --backprop_last_k 16
+    python -m dalle_lab.align --dalle_path ... --reward aesthetic --clip_path /models/clip-vit-large-patch14 \\
+        --aesthetic_head_path sac+logos+ava1-l14-linearMSE.pth --reward_precision tpu_default
+
+Without --prompts the prompts are Shapes training-split captions; --prompts heldout takes the captions of the held-out
+colour-shape pairs from the Shapes grammar (dalle_lab/align/prompts.py). Re-running with the same --output_dir
+continues the run it holds (the same base checkpoint and reward; --overwrite starts afresh).
+Every AlignConfig field is a flag with the same default (python -m dalle_lab.align --help); docs/align.md explains
+the methods.
+"""
+
 FLAG_NAMES = {"lr": LEARNING_RATE, "max_grad_norm": CLIP_GRAD_NORM, "gradient_accumulation_steps": GA_STEPS,
               "deepspeed_zero_stage": ZERO_STAGE}
 HELP = {
@@ -104,9 +121,7 @@ def _parse_optional(kind):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from dalle_lab.align import __main__
-
-    parser = argparse.ArgumentParser(prog="python -m dalle_lab.align", description=__main__.__doc__,
+    parser = argparse.ArgumentParser(prog="python -m dalle_lab.align", description=USAGE,
                                      formatter_class=HelpFormatter)
     parser.add_argument("--dalle_path", required=True, help="the DALLE checkpoint to fine-tune (train_dalle.py's .pt)")
     parser.add_argument("--preset", default=None, choices=sorted(PRESETS),
