@@ -63,6 +63,8 @@ def test_two_processes_with_half_the_batch_equal_one_process(tmp_path, method):
                                                                     abs=1e-6)
 
 
+@pytest.mark.skipif(os.environ.get("DALLE_LAB_SLOW_TESTS") != "1",
+                    reason="trains and resumes a run (~14 s on 2 cores); set DALLE_LAB_SLOW_TESTS=1")
 def test_resume_refuses_another_number_of_samples_per_step(tmp_path):
     from test_align_finetune import PROMPTS, tiny_dalle
 

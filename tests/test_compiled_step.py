@@ -1,5 +1,6 @@
 """The Inductor-compiled decode step (generate/compiled.py): the same tokens as the eager cached path, frozen
 weights never used stale, a failed compile falls back to the eager step with a warning."""
+import os
 import shutil
 import warnings
 
@@ -95,6 +96,8 @@ print("EQUAL" if torch.equal(compiled, eager) else f"DIFFERENT {{compiled.tolist
 
 
 @needs_compiler
+@pytest.mark.skipif(os.environ.get("DALLE_LAB_SLOW_TESTS") != "1",
+                    reason="compiles in three fresh processes (~40 s on 2 cores); set DALLE_LAB_SLOW_TESTS=1")
 def test_a_warm_inductor_disk_cache_never_brings_another_models_weights(tmp_path):
     import os
     import subprocess
