@@ -3,8 +3,9 @@
 During cached generation every layer multiplies only a handful of rows (batch size, or batch x window for
 speculative decoding) by its weight, and the CPU GEMM behind F.linear reorders the whole weight into its blocked
 layout on every call. Packing each weight once per generation (`packed_linears`) removes that work:
-- float32: the layout PRODUCT_KINDS picks for the step's row count (a weight prepacked for oneDNN's fp32 linear up
-  to 32 rows; other row counts use F.linear); the fused decode step (fused_step.py) multiplies the same way;
+- float32: the layout PRODUCT_KINDS picks for the CPU and the step's row count (on AVX2 a weight prepacked for
+  oneDNN's fp32 linear up to 32 rows; on AVX-512 and past 32 rows F.linear); the fused decode step (fused_step.py)
+  multiplies the same way;
 - bfloat16 (under CPU autocast, or a bf16 model): oneDNN's prepacked linear, which runs on AMX / avx512_bf16 where
   the CPU has them, and gives bit-identical results to F.linear in bfloat16 (it is the same kernel, minus the
   reorder; autocast's per-call float32 -> bfloat16 weight copy goes away too).
@@ -28,10 +29,15 @@ from dalle_lab.utils import cpu_has_native_bf16
 # How a float32 product of a few rows multiplies by a weight, by row count: the first (max_rows, kind) entry with
 # rows <= max_rows applies, F.linear past the last. Kinds: "linear" (F.linear's addmm with a transposed view of W),
 # "wt" (addmm with a contiguous W^T copy), "onednn" (the weight prepacked once per generation for oneDNN's fp32
-# linear). Chosen by lab/perf/step_profile.py --levers transpose generation (docs/performance.md): on an
-# AVX2 Zen 3 the 17 products of a step at 4 rows took 3.05 ms with F.linear, 1.99-2.98 with W^T copies, 2.26-2.44
-# oneDNN-prepacked; whole generations with oneDNN beat W^T in 6 of 6 paired rounds; at 64 rows all three tie.
-PRODUCT_KINDS: tuple[tuple[int, str], ...] = ((32, "onednn"),)
+# linear). Chosen per CPU capability from side-by-side runs (docs/performance.md): on an AVX2 Zen 3 the 17
+# products of a step at 4 rows took 3.05 ms with F.linear, 1.99-2.98 with W^T copies, 2.26-2.44 oneDNN-prepacked
+# (lab/perf/step_profile.py), and whole generations with oneDNN beat W^T in 6 of 6 paired rounds. On AVX-512 CPUs
+# F.linear's own layout wins whole generations: an idle Xeon with AMX, two threads, 0.34 s per 4 x 256 against
+# 0.43 oneDNN-prepacked (lab/perf/results/run-full-cpu-20261205-1138.json), and a Zen 4, one thread, 0.70 against
+# 0.77 (step-profile-20261205-1017.json). At 64 rows all three tie.
+_BY_CAPABILITY: dict[str, tuple[tuple[int, str], ...]] = {"AVX2": ((32, "onednn"),), "AVX512": ()}
+PRODUCT_KINDS: tuple[tuple[int, str], ...] = _BY_CAPABILITY.get(torch.backends.cpu.get_cpu_capability(),
+                                                                 ((32, "onednn"),))
 
 
 def product_kind(rows: int, device: torch.device | str = "cpu") -> str:

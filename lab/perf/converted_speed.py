@@ -124,7 +124,7 @@ def main(argv=None) -> int:
               "threads": args.threads, "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
               "loadavg_before": load_before, "loadavg_after": os.getloadavg(), "seconds": times, "medians": medians,
               "speedup_median": medians["dallepytorch"] / medians["dalle_lab"], "tiny_check_only": args.tiny}
-    out = args.out or PERF_RESULTS / f"converted_speed-{time.strftime('%Y%m%d-%H%M')}.json"
+    out = args.out or PERF_RESULTS / f"converted_speed-{time.strftime('%Y%m%d-%H%M%S')}-t{args.threads}.json"
     write_results(record, out)
     print(f"median seconds: dalle-pytorch {medians['dallepytorch']:.3f}, dalle_lab {medians['dalle_lab']:.3f} "
           f"({record['speedup_median']:.2f}x)")
