@@ -3,7 +3,7 @@
 `import dalle_lab` stays light and offline: the public names below are resolved on first use, so torch, taming,
 deepspeed and friends are imported only by the code that needs them.
 """
-from importlib import import_module
+from dalle_lab.lazy import lazy_exports
 
 __version__ = "0.1.0"
 
@@ -20,16 +20,4 @@ _LAZY = {
     "ShapesDataset": "dalle_lab.data.shapes",
 }
 
-__all__ = sorted(_LAZY) + ["__version__"]
-
-
-def __getattr__(name):
-    if name in _LAZY:
-        value = getattr(import_module(_LAZY[name]), name)
-        globals()[name] = value  # cache: the next access is a plain attribute lookup
-        return value
-    raise AttributeError(f"module 'dalle_lab' has no attribute {name!r}")
-
-
-def __dir__():
-    return __all__
+__getattr__, __dir__, __all__ = lazy_exports(__name__, _LAZY, extra=("__version__",))

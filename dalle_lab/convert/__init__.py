@@ -3,7 +3,7 @@ docs/migrating.md), and `load_dalle`, which takes either format.
 
 Names resolve lazily so `import dalle_lab.convert` stays light.
 """
-from importlib import import_module
+from dalle_lab.lazy import lazy_exports
 
 _LAZY = {
     "ConversionError": "dalle_lab.convert.dallepytorch",
@@ -14,16 +14,4 @@ _LAZY = {
     "load_dalle": "dalle_lab.convert.loading",
 }
 
-__all__ = sorted(_LAZY)
-
-
-def __getattr__(name):
-    if name in _LAZY:
-        value = getattr(import_module(_LAZY[name]), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'dalle_lab.convert' has no attribute {name!r}")
-
-
-def __dir__():
-    return __all__
+__getattr__, __dir__, __all__ = lazy_exports(__name__, _LAZY)

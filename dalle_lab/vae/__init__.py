@@ -3,7 +3,7 @@ DALLE-pytorch's DiscreteVAE and OpenAI discrete VAE (for models converted from D
 
 Names resolve lazily so `import dalle_lab.vae` does not import torch or taming.
 """
-from importlib import import_module
+from dalle_lab.lazy import lazy_exports
 
 _LAZY = {
     "VQGanVAE": "dalle_lab.vae.vqgan",
@@ -15,16 +15,4 @@ _LAZY = {
     "make_tiny_vqgan": "dalle_lab.vae.tiny",
 }
 
-__all__ = sorted(_LAZY)
-
-
-def __getattr__(name):
-    if name in _LAZY:
-        value = getattr(import_module(_LAZY[name]), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'dalle_lab.vae' has no attribute {name!r}")
-
-
-def __dir__():
-    return __all__
+__getattr__, __dir__, __all__ = lazy_exports(__name__, _LAZY)
