@@ -1,56 +1,28 @@
 """One flag vocabulary (dalle_lab/flags.py): every command line's every flag has help that shows its default, the
 older names of a concept land in the canonical name's setting, and the time and precision spellings translate."""
 import argparse
+import importlib
 
 import pytest
 
 from dalle_lab.flags import CONCEPTS, OUTPUT_DIR, HelpFormatter, shown_default
 
 
-def _train_dalle():
-    from dalle_lab.training.cli import build_train_parser
-
-    return build_train_parser()
-
-
-def _generate():
-    from dalle_lab.cli.generate import build_parser
-
-    return build_parser()
+# each command line's parser: (module, the function that builds it), imported only by the test that uses it
+BUILDERS = {"train_dalle": ("dalle_lab.training.cli", "build_train_parser"),
+            "generate": ("dalle_lab.cli.generate", "build_parser"),
+            "train_vae": ("dalle_lab.cli.train_vae", "build_parser"),
+            "align": ("dalle_lab.align.command_line", "build_parser"),
+            "parity": ("dalle_lab.precision.parity", "build_parser"),
+            "bpe": ("dalle_lab.tokenizers.train", "build_parser"),
+            "quality": ("dalle_lab.quality", "build_parser")}
 
 
-def _train_vae():
-    from dalle_lab.cli.train_vae import build_parser
-
-    return build_parser()
+def _builder(module: str, function: str):
+    return lambda: getattr(importlib.import_module(module), function)()
 
 
-def _align():
-    from dalle_lab.align.command_line import build_parser
-
-    return build_parser()
-
-
-def _parity():
-    from dalle_lab.precision.parity import build_parser
-
-    return build_parser()
-
-
-def _bpe():
-    from dalle_lab.tokenizers.train import build_parser
-
-    return build_parser()
-
-
-def _quality():
-    from dalle_lab.quality import build_parser
-
-    return build_parser()
-
-
-PARSERS = {"train_dalle": _train_dalle, "generate": _generate, "train_vae": _train_vae, "align": _align,
-           "parity": _parity, "bpe": _bpe, "quality": _quality}
+PARSERS = {name: _builder(*where) for name, where in BUILDERS.items()}
 # flags a launcher passes, hidden on purpose
 HIDDEN = {"--local_rank"}
 # the concepts each command line has: every name of the concept must be there, in one setting
@@ -108,13 +80,13 @@ def required(name) -> list[str]:
 
 
 def test_generate_leads_with_dallepytorchs_outputs_dir_and_the_trainers_with_output_dir():
-    assert _generate()._option_string_actions["--out_dir"].option_strings[0] == "--outputs_dir"
-    for build in (_train_dalle, _train_vae, _align, _parity):
+    assert PARSERS["generate"]()._option_string_actions["--out_dir"].option_strings[0] == "--outputs_dir"
+    for build in (PARSERS[name] for name in ("train_dalle", "train_vae", "align", "parity")):
         assert build()._option_string_actions["--outputs_dir"].option_strings[0] == OUTPUT_DIR[0]
 
 
 def test_a_time_limit_in_minutes_or_seconds_is_one_setting():
-    dalle, align = _train_dalle(), _align()
+    dalle, align = PARSERS["train_dalle"](), PARSERS["align"]()
     assert dalle.parse_args(["--time_budget_s", "90"]).max_minutes == 1.5
     assert dalle.parse_args(["--max_minutes", "2"]).max_minutes == 2
     assert align.parse_args(["--dalle_path", "d", "--max_minutes", "2"]).time_budget_s == 120
@@ -132,13 +104,13 @@ def test_a_time_limit_in_minutes_or_seconds_is_one_setting():
     (["--no-amp", "--amp"], True, "auto", "auto"),
 ])
 def test_precision_has_the_same_spellings_in_both_trainers(flags, amp, amp_dtype, vae_precision):
-    args = _train_dalle().parse_args(flags)
+    args = PARSERS["train_dalle"]().parse_args(flags)
     assert (args.amp, args.amp_dtype) == (amp, amp_dtype)
-    assert _train_vae().parse_args(flags).precision == vae_precision
+    assert PARSERS["train_vae"]().parse_args(flags).precision == vae_precision
 
 
 def test_booleans_take_both_negative_spellings_and_show_on_or_off():
-    parser = _train_dalle()
+    parser = PARSERS["train_dalle"]()
     assert parser.parse_args(["--no_progress"]).progress is False
     assert parser.parse_args(["--no-progress"]).progress is False
     assert parser.parse_args(["--no-progress", "--progress"]).progress is True
@@ -150,6 +122,6 @@ def test_booleans_take_both_negative_spellings_and_show_on_or_off():
 def test_reward_help_lists_every_reward_name():
     from dalle_lab.rewards.registry import REWARD_NAMES
 
-    parser = _align()
+    parser = PARSERS["align"]()
     text = shown_help(parser, parser._option_string_actions["--reward"])
     assert REWARD_NAMES and all(reward in text for reward in REWARD_NAMES)
