@@ -4,6 +4,7 @@ file: can RL on captions without images teach the held-out compositions (docs/al
     python -m lab.studies.align.compositions --name taught --seeds 0 1 2 -- \\
         --dalle_path /work/runs/demo_base/dalle.pt --reward shapes_faithfulness --prompts heldout --epochs 40
     python -m lab.studies.align.compositions --report taught leave_out ...   # the table of finished results files
+    python -m lab.studies.align.compositions --compare taught taught_uniform_credit   # Welch, per measure
 
 Everything after `--` goes to the align command unchanged; this script adds `--seed S --out_dir RUNS/<name>/seed<S>`.
 Runs use fixed image counts (`--epochs`), not time budgets, so a loaded machine changes their seconds, not their
@@ -27,6 +28,7 @@ import sys
 import time
 from pathlib import Path
 
+from dalle_lab.stats import mean_ci, welch_test
 from lab.common import ROOT, STUDIES, git_state, write_results
 from lab.studies.align.seeds import t_interval
 
@@ -152,6 +154,36 @@ def report_rows(paths: list[Path]) -> str:
     return "\n".join(lines)
 
 
+def relative_changes(paths: list[Path], key: str = "heldout_diversity_pixel") -> str:
+    """Per results file, the measure's final over its start minus one, each seed's, with the 95 % t-interval (issue
+    34 bounds pixel diversity's fall at 20 % of the start)."""
+    lines = []
+    for path in paths:
+        record = json.loads(Path(path).read_text())
+        entry = record["summary"].get(key)
+        if entry is None:
+            continue
+        start = entry["start"][0]
+        ratios = [final / start - 1 for final in entry["per_seed_final"].values()]
+        interval = mean_ci(ratios)
+        lines.append(f"{record['name']}: {key} {start:.4f} -> per seed "
+                     + ", ".join(f"{r:+.1%}" for r in ratios)
+                     + f"; mean {interval.mean:+.1%} +- {interval.half_width:.1%}")
+    return "\n".join(lines)
+
+
+def compare(path_a: Path, path_b: Path) -> str:
+    """Welch's t-test, per row measure, of the per-seed finals of two results files (a minus b)."""
+    a, b = (json.loads(Path(p).read_text()) for p in (path_a, path_b))
+    lines = [f"{a['name']} minus {b['name']} (per-seed finals, Welch 95 % interval):"]
+    for key in ROW_MEASURES:
+        if key in a["summary"] and key in b["summary"]:
+            result = welch_test(list(a["summary"][key]["per_seed_final"].values()),
+                                list(b["summary"][key]["per_seed_final"].values()))
+            lines.append(f"  {key}: {result.difference:+.3f} +- {result.half_width:.3f} (p = {result.p_value:.3f})")
+    return "\n".join(lines)
+
+
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     align_args = argv[argv.index("--") + 1:] if "--" in argv else []
@@ -160,10 +192,16 @@ def main(argv=None) -> int:
     parser.add_argument("--name", help="results/<name>.json")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--runs_dir", default=str(ROOT / "runs" / "align_study"))
-    parser.add_argument("--report", nargs="+", metavar="NAME", help="print the table of these results files")
+    parser.add_argument("--report", nargs="+", metavar="NAME", help="print the table of these results files, and "
+                        "each one's relative change of pixel diversity")
+    parser.add_argument("--compare", nargs=2, metavar=("A", "B"), help="Welch's test of A's per-seed finals minus B's")
     args = parser.parse_args(own)
-    if args.report:
-        print(report_rows([RESULTS / f"{name}.json" for name in args.report]))
+    if args.report or args.compare:
+        if args.report:
+            paths = [RESULTS / f"{name}.json" for name in args.report]
+            print(report_rows(paths) + "\n\n" + relative_changes(paths))
+        if args.compare:
+            print(compare(*(RESULTS / f"{name}.json" for name in args.compare)))
         return 0
     if not args.name or not align_args:
         parser.error("give --name and the align command's arguments after --")
