@@ -17,7 +17,6 @@ import json
 import math
 import os
 import time
-import warnings
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -31,9 +30,9 @@ from dalle_lab.align.logprobs import policy_logprobs, sample_with_support
 from dalle_lab.align.lora import add_lora, lora_disabled, lora_parameters
 from dalle_lab.align.processes import Processes
 from dalle_lab.align.prompts import default_eval_sets, screen_prompts, split_rl_prompts
+from dalle_lab.align.reward_precision import epoch_reward_gap, set_reward_precision
 from dalle_lab.align.run_files import STATE_FILE, RunFiles, base_identity, resume_line
 from dalle_lab.align.updates import Updates, chunks  # noqa: F401  (chunks: re-exported)
-from dalle_lab.numerics.reward_gap import reward_gap, reward_gap_warning
 from dalle_lab.rewards import RewardWorker, get_reward
 from dalle_lab.seeding import seeded_generator
 from dalle_lab.training.engine import adamw
@@ -97,7 +96,7 @@ class AlignTrainer(RunFiles):
         if config.reward_precision != "fp32":
             self.reward_options["precision"] = config.reward_precision
         self.reward = reward if reward is not None else get_reward(config.reward, **self.reward_options)
-        self._check_reward_precision()
+        set_reward_precision(self.reward, config.reward_precision, config.reward)
         # a weighted sum's terms are logged one by one (in_run_eval.TermRecorder)
         self.term_recorder = TermRecorder(self.reward) if getattr(self.reward, "terms", None) else None
         self.reward_worker = RewardWorker(self.scoring_function())
@@ -263,30 +262,9 @@ class AlignTrainer(RunFiles):
         se = rewards.std(ddof=1) / math.sqrt(len(rewards)) if len(rewards) > 1 else float("nan")
         return {"reward_mean": float(rewards.mean()), "reward_std": float(rewards.std()), "reward_se": float(se)}
 
-    def _check_reward_precision(self) -> None:
-        """A lower reward precision only means something for a reward backed by a torch model that carries its own
-        precision setting (the AestheticScorer); refuse it elsewhere rather than silently scoring in float32."""
-        if self.config.reward_precision == "fp32":
-            return
-        model = getattr(self.reward, "scorer", None) or getattr(self.reward, "model", None)
-        if not isinstance(getattr(model, "precision", None), str):
-            raise ValueError(f"reward_precision={self.config.reward_precision!r} needs a reward model with a precision "
-                             f"setting (aesthetic, clip_score); {self.config.reward!r} has none: use fp32")
-        model.precision = self.config.reward_precision
-
     def reward_precision_gap(self, images, prompts, scores) -> dict:
-        """Issue 7: when the reward model runs in a lower precision, re-score a fraction of this epoch's images in
-        float32 (dalle_lab.numerics.reward_gap), log the gap and warn beyond the thresholds."""
-        cfg = self.config
-        if cfg.reward_precision == "fp32":
-            return {}
-        gap = reward_gap(self.reward, images, prompts, cfg.reward_precision, cfg.reward_gap_fraction,
-                         scores=scores, generator=self.generator)
-        message = reward_gap_warning(gap, max_mean_abs_diff=cfg.reward_gap_warn)
-        if message:
-            warnings.warn(f"epoch {self.epoch}: {message}")
-        return {"reward_gap": gap["mean_abs_diff"], "reward_gap_mean_diff": gap["mean_diff"],
-                "reward_gap_spearman": gap["spearman"], "reward_gap_n": gap["n"]}
+        """Issue 7: in a lower reward precision, the float32 re-scoring of a share of this epoch's images."""
+        return epoch_reward_gap(self.reward, images, prompts, scores, self.config, self.epoch, self.generator)
 
     # ------------------------------------------------------------ the loop
 
