@@ -25,8 +25,9 @@ class AlignConfig:
     method: str = "policy_gradient"  # or "reward_backprop", "best_of_n" (METHODS)
     reward: str = "jpeg_compressibility"  # a name or a weighted sum: "jpeg_compressibility:1+shapes_faithfulness:2"
     epochs: int | None = None  # None: until time_budget_s when one is given, else DEFAULT_EPOCHS
-    # the defaults of this block and of the policy-gradient block below are the settings that won the measurements of
-    # docs/align.md ("Results"): 32 prompts x 8 samples per epoch, one optimizer step over all 256 of them
+    # the defaults of this block and of the policy-gradient block below are the settings docs/align.md's results were
+    # measured with (it says which were compared one by one): 32 prompts x 8 samples per epoch, one optimizer step
+    # over all 256 of them
     prompts_per_epoch: int = 32
     group_size: int = 8  # images sampled per prompt per epoch (GRPO's group; DDPO's per-prompt statistics)
     sample_batch_size: int = 128
