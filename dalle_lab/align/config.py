@@ -218,7 +218,8 @@ PRESETS: dict[str, dict] = {
     # an image that stops matching its caption pays for it, and a KL coefficient of 0.03; guided sampling without
     # top-k; per-prompt advantages (uniform credit, both guidance branches); 96 epochs of 16 prompts x 8 samples.
     # Its measurement over seeds, against the plain JPEG reward: lab/studies/align/explorations.md ("Reward hacking
-    # against KL strength", lab/studies/align/results/kl_sweep_jpeg_protected_96.json, which tests/test_align_presets.py ties to this preset)
+    # against KL strength", lab/studies/align/results/kl_sweep_jpeg_protected_96.json, which
+    # tests/test_align_presets.py ties to this preset)
     "jpeg_protected": dict(reward="jpeg_compressibility:1+shapes_faithfulness:0.5", group_size=8,
                            prompts_per_epoch=16, sample_batch_size=64, train_batch_size=32, inner_epochs=1,
                            gradient_accumulation_steps=1, lr=1e-4, kl_coef=0.03, temperature=0.7, top_k=None,

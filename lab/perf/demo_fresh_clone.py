@@ -48,11 +48,11 @@ def score(clone: Path, checkpoint: str) -> dict:
     return json.loads(out.read_text())
 
 
-def quality_over_runs(runs: dict) -> dict:
+def quality_over_runs(qualities: list[dict]) -> dict:
     """Accuracy and exact match per caption set: each run's value, their mean and 95 % t-interval across runs."""
     return {f"{split}.{name}": {"per_run": values, **mean_ci(values).to_dict()}
             for split in ("validation", "heldout") for name in ("accuracy", "exact_match")
-            if len(values := [run["quality"][split][name] for run in runs.values()]) > 0}
+            for values in [[quality[split][name] for quality in qualities]]}
 
 
 def main(argv=None) -> int:
@@ -82,7 +82,7 @@ def main(argv=None) -> int:
         return 1
     record["quality"] = score(clone, "runs/dalle/dalle.pt")
     # make demo trains with train_dalle.py's default seed; the extra runs add --seed S to the same recipe
-    record["runs"] = {"make_demo": {"wall_s": record["make_demo"]["wall_s"], "quality": record["quality"]}}
+    record["extra_seeds"] = {}
     for seed in args.extra_seeds:
         run_dir = f"runs/dalle-seed{seed}"
         timed = run_timed(["bash", "scripts/demo.sh", "--seed", str(seed)], clone, folder / f"demo_seed{seed}.log",
@@ -90,8 +90,9 @@ def main(argv=None) -> int:
         if timed["returncode"] != 0:
             print((folder / f"demo_seed{seed}.log").read_text()[-3000:])
             return 1
-        record["runs"][f"seed{seed}"] = {"wall_s": timed["wall_s"], "quality": score(clone, f"{run_dir}/dalle.pt")}
-    record["quality_over_runs"] = quality_over_runs(record["runs"])
+        record["extra_seeds"][seed] = {"wall_s": timed["wall_s"], "quality": score(clone, f"{run_dir}/dalle.pt")}
+    record["quality_over_runs"] = quality_over_runs([record["quality"]] +
+                                                    [run["quality"] for run in record["extra_seeds"].values()])
     kind = "avx512_bf16" if cpu_kind()["avx512_bf16"] else "avx2"
     write_results(record, args.out or f"lab/perf/results/demo_fresh_clone-{kind}-{time.strftime('%Y%m%d-%H%M')}.json")
     if not args.keep:

@@ -196,12 +196,12 @@ def main(argv=None) -> int:
                         "each one's relative change of pixel diversity")
     parser.add_argument("--compare", nargs=2, metavar=("A", "B"), help="Welch's test of A's per-seed finals minus B's")
     args = parser.parse_args(own)
+    if args.report:
+        paths = [RESULTS / f"{name}.json" for name in args.report]
+        print(report_rows(paths) + "\n\n" + relative_changes(paths))
+    if args.compare:
+        print(compare(*(RESULTS / f"{name}.json" for name in args.compare)))
     if args.report or args.compare:
-        if args.report:
-            paths = [RESULTS / f"{name}.json" for name in args.report]
-            print(report_rows(paths) + "\n\n" + relative_changes(paths))
-        if args.compare:
-            print(compare(*(RESULTS / f"{name}.json" for name in args.compare)))
         return 0
     if not args.name or not align_args:
         parser.error("give --name and the align command's arguments after --")
