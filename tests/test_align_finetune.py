@@ -58,7 +58,8 @@ def make_trainer(tokenizer, tmp_path, cls=PolicyGradientTrainer, reward=brightne
                     gradient_accumulation_steps=1,
                     inner_epochs=2, lr=1e-3, stat_min_count=2, seed=0,
                     temperature=1.0, top_k=None, cond_scale=1.0,  # the model's own distribution, whatever the defaults
-                    eval_num_prompts=0, eval_num_heldout=0)  # no in-run evaluation (tests/test_align_eval.py has it)
+                    eval_num_prompts=0, eval_num_heldout=0,  # no in-run evaluation (tests/test_align_eval.py has it)
+                    diversity_weight=0.0)  # the bonus: test_align_diversity_bonus.py
     settings.update(overrides)
     config = AlignConfig(**settings)
     return cls(tiny_dalle(tokenizer), tokenizer, config, PROMPTS, tmp_path, reward=reward, log_fn=lambda _: None,

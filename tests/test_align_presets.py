@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parents[1]
 NOT_PRESET = {"seed"}
 RENAMED = {"token_credit": "credit"}  # fields renamed since the run was recorded
 # fields added since: the values that behave as the code of the recorded run did
-ADDED = {"adv_std": "group", "drop_flat_groups": False, "guidance_grad": "both", "screen_samples": 0}
+ADDED = {"adv_std": "group", "drop_flat_groups": False, "guidance_grad": "both", "screen_samples": 0, "diversity_weight": 0.0}
 
 
 @pytest.mark.parametrize("name, results",

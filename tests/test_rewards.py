@@ -95,3 +95,22 @@ def test_aesthetic_reward_wraps_the_scorer_differentiably():
     assert R.is_differentiable(reward)
     scores.sum().backward()
     assert images.grad.abs().sum() > 0
+
+
+def test_group_diversity_is_the_mean_distance_to_the_caption_group():
+    from dalle_lab.rewards import get_reward
+    from dalle_lab.rewards.builtin import group_diversity
+
+    images = torch.zeros(5, 3, 4, 4)
+    images[1] = 1.0  # differs from image 0 by 1 everywhere
+    images[2, 0] = 0.5  # one channel of three at 0.5: mean difference 1/6 to image 0, (1 - 1/6) to image 1
+    images[4] = 0.25  # alone with its caption
+    prompts = ["a", "a", "a", "b", "c"]
+    scores = group_diversity(images, prompts)
+    d01, d02, d12 = 1.0, 0.5 / 3, (0.5 + 1 + 1) / 3
+    expected = torch.tensor([(d01 + d02) / 2, (d01 + d12) / 2, (d02 + d12) / 2, 0.0, 0.0])
+    assert torch.allclose(scores, expected, atol=1e-6)
+    combined = get_reward("brightness+group_diversity:2")
+    assert torch.allclose(combined(images, prompts), images.mean(dim=(1, 2, 3)) + 2 * expected, atol=1e-6)
+    with pytest.raises(ValueError, match="group_diversity needs one caption per image"):
+        group_diversity(images, None)

@@ -70,6 +70,9 @@ HELP = {
     "adv_std": "group advantages over the std of the group's rewards (group: GRPO) or of the whole batch's (batch: "
                "Flow-GRPO)",
     "drop_flat_groups": "leave groups whose rewards have no spread out of the update (DAPO); true or false",
+    "diversity_weight": "policy gradient: among each group's best samples, add this times each one's mean pixel "
+                        "distance to the others (centred: it sums to zero in the group), so equally good images "
+                        "unlike the rest are preferred; 0 turns it off",
     "guidance_grad": "with guidance: the gradient moves both branches, or the captioned (conditional) one only",
     "screen_samples": "keep RL prompts whose exact-match rate over K samples lies in (0, 0.9) (0: keep all)",
     "eval_samples": "samples of every evaluation caption (>= 2 also measures pixel diversity per caption)",

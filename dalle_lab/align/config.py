@@ -86,6 +86,11 @@ class AlignConfig:
     advantage: str = "group"  # "group" (GRPO) or "per_prompt" (DDPO's tracker)
     adv_std: str = "batch"  # group advantages over the batch's reward std ("batch": Flow-GRPO) or the group's (GRPO)
     drop_flat_groups: bool = True  # leave groups whose rewards have no spread out of the update (DAPO)
+    # policy gradient: among each group's best samples, weight x (pixel distance to the others - its mean) is added
+    # to the reward, so equally good images that differ from the rest are preferred (diversity_bonus.py). 5 kept the
+    # Shapes model's held-out images as varied as at the start where 0 lost 22 % of their pixel diversity and 15
+    # cost accuracy (docs/align.md, lab/studies/align/results/pilot_bonus*.json)
+    diversity_weight: float = 5.0
     # with guidance, which branches the gradient moves: "both", or "conditional" (the caption-free branch is a
     # constant of the update, as in T2I-R1: dalle_lab.align.logprobs.guided_logits)
     guidance_grad: str = "conditional"
@@ -146,6 +151,8 @@ class AlignConfig:
         for name, allowed in (("adv_std", ("group", "batch")), ("guidance_grad", ("both", "conditional"))):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{name} must be one of {', '.join(allowed)}, not {getattr(self, name)!r}")
+        if self.diversity_weight < 0:
+            raise ValueError(f"diversity_weight must be >= 0 (0 turns the bonus off), got {self.diversity_weight}")
         if self.trainable not in TRAINABLE:
             raise ValueError(f"trainable must be one of {', '.join(TRAINABLE)}, not {self.trainable!r}")
         if self.kl_distribution not in ("sampling", "conditional"):
@@ -213,7 +220,8 @@ PRESETS: dict[str, dict] = {
     "faithfulness": dict(reward="shapes_faithfulness", advantage="group", adv_std="batch", credit="localized",
                          drop_flat_groups=True, guidance_grad="conditional", group_size=8, prompts_per_epoch=32,
                          sample_batch_size=128, train_batch_size=64, gradient_accumulation_steps=4, inner_epochs=1,
-                         lr=1e-4, kl_coef=0.01, temperature=0.7, top_k=10, cond_scale=2.0, trainable="all"),
+                         lr=1e-4, kl_coef=0.01, temperature=0.7, top_k=10, cond_scale=2.0, trainable="all",
+                         diversity_weight=5.0),
     # smaller JPEG files without hacking the reward: the JPEG reward plus half the checker's attribute accuracy, so
     # an image that stops matching its caption pays for it, and a KL coefficient of 0.03; guided sampling without
     # top-k; per-prompt advantages (uniform credit, both guidance branches); 96 epochs of 16 prompts x 8 samples.
@@ -224,7 +232,7 @@ PRESETS: dict[str, dict] = {
                            prompts_per_epoch=16, sample_batch_size=64, train_batch_size=32, inner_epochs=1,
                            gradient_accumulation_steps=1, lr=1e-4, kl_coef=0.03, temperature=0.7, top_k=None,
                            cond_scale=2.0, epochs=96, advantage="per_prompt", credit="uniform", adv_std="group",
-                           drop_flat_groups=False, guidance_grad="both"),
+                           drop_flat_groups=False, guidance_grad="both", diversity_weight=0.0),
 }
 
 

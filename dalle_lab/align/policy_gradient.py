@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 from dalle_lab.align.credit import credited_scores, image_advantages_as_tokens, token_advantages
+from dalle_lab.align.diversity_bonus import scoring_with_bonus
 from dalle_lab.align.logprobs import token_entropy, token_kl  # noqa: F401  (token_kl: re-exported)
 from dalle_lab.align.logprobs import policy_logprobs, uses_filter  # policy_logprobs: also re-exported
 from dalle_lab.align.stat_tracking import PerPromptStatTracker, clip_advantages, flat_groups
@@ -83,8 +84,14 @@ class PolicyGradientTrainer(AlignTrainer):
 
     def scoring_function(self):
         """The reward worker returns CreditedScores: scores, their parts and the parts' token maps (credit.py)."""
-        return partial(credited_scores, self.term_recorder or self.reward,
-                       num_tokens=self.dalle.config.image_seq_len, kind=self.config.credit)
+        cfg = self.config
+        if cfg.diversity_weight and cfg.sample_batch_size % cfg.group_size:
+            self.log_fn(f"[align] note: sample_batch_size {cfg.sample_batch_size} splits groups of {cfg.group_size}: "
+                        "the diversity bonus compares the best samples within each batch's part of a group (a "
+                        "multiple of group_size compares whole groups)")
+        scoring = partial(credited_scores, self.term_recorder or self.reward,
+                          num_tokens=self.dalle.config.image_seq_len, kind=self.config.credit)
+        return partial(scoring_with_bonus, scoring=scoring, weight=self.config.diversity_weight)
 
     @torch.no_grad()
     def collect(self, prompts: list[str]) -> dict:

@@ -119,6 +119,44 @@ shapes_faithfulness.credit = lambda images, prompts, num_tokens: _shapes_credit(
 shapes_exact.credit = lambda images, prompts, num_tokens: _shapes_credit(images, prompts, num_tokens, True)
 
 
+def group_diversity(images, prompts: Sequence[str]):
+    """Each image's mean absolute pixel difference (in [0, 1]) to the other images of the same caption in the batch;
+    0 for an image whose caption it shares with no other.
+
+    Added to a reward with a small weight (`--reward shapes_faithfulness+group_diversity:2`), it counters the mode
+    collapse of group-based policy gradient: within a group of samples of one caption, the ones that differ from the
+    rest score higher, so sharpening towards one layout costs reward. Scores depend on the batch: the trainer scores
+    whole groups together (sample_batch_size a multiple of group_size).
+    """
+    import torch
+
+    if prompts is None or len(prompts) != len(images):
+        raise ValueError("group_diversity needs one caption per image (got "
+                         f"{None if prompts is None else len(prompts)} captions for {len(images)} images)")
+    flat = torch.as_tensor(images).detach().float().flatten(1)
+    scores = torch.zeros(len(flat), device=flat.device)
+    for members in prompt_groups(prompts).values():
+        if len(members) > 1:
+            scores[members] = mean_distance_to_others(flat[members])
+    return scores
+
+
+def prompt_groups(prompts: Sequence[str]) -> dict[str, list[int]]:
+    """{prompt: the indices of its images}, in order of first appearance."""
+    groups: dict[str, list[int]] = {}
+    for index, prompt in enumerate(prompts):
+        groups.setdefault(prompt, []).append(index)
+    return groups
+
+
+def mean_distance_to_others(rows):
+    """(n, D) -> (n,): each row's mean absolute difference to the other rows, averaged over the n - 1 of them."""
+    import torch
+
+    distance = torch.cdist(rows[None], rows[None], p=1)[0] / rows.shape[1]  # (n, n), zero diagonal
+    return distance.sum(1) / (len(rows) - 1)
+
+
 def negative_total_variation(images, prompts: Sequence[str] | None = None):
     """Differentiable proxy for JPEG compressibility: minus the mean absolute difference between neighbouring pixels
     (horizontal and vertical averaged).

@@ -18,8 +18,9 @@ from __future__ import annotations
 from typing import Mapping, Sequence
 
 from dalle_lab.rewards.aesthetic import aesthetic_reward
-from dalle_lab.rewards.builtin import (RewardFn, brightness, jpeg_compressibility, jpeg_incompressibility,
-                                       negative_total_variation, shapes_exact, shapes_faithfulness)
+from dalle_lab.rewards.builtin import (RewardFn, brightness, group_diversity, jpeg_compressibility,
+                                       jpeg_incompressibility, negative_total_variation, shapes_exact,
+                                       shapes_faithfulness)
 from dalle_lab.rewards.clip import clip_score_reward
 
 
@@ -56,6 +57,7 @@ BUILTIN_REWARDS: dict[str, RewardFn] = {
     "shapes_exact": shapes_exact,
     "negative_total_variation": negative_total_variation,
     "brightness": brightness,
+    "group_diversity": group_diversity,
 }
 # every name --reward takes (the two model rewards need files: get_reward says which)
 REWARD_NAMES = tuple(sorted([*BUILTIN_REWARDS, "aesthetic", "clip_score"]))
