@@ -60,3 +60,19 @@ def test_the_trainer_turns_flat_groups_of_equally_good_images_informative(tokeni
         group = [i for i, p in enumerate(prompts) if p == prompt]
         assert abs(float(batch["rewards"][group].sum())) < 1e-5 and float(batch["rewards"][group].abs().max()) > 0
     assert trainer.advantages(prompts, batch)[1].all()
+
+
+def test_groups_split_over_sampling_batches_are_said_at_the_start(tokenizer, tmp_path):  # noqa: F811
+    from test_align_finetune import PROMPTS, tiny_dalle
+
+    from dalle_lab.align.policy_gradient import PolicyGradientTrainer
+
+    said = []
+    for batch, out in ((4, "split"), (6, "whole")):
+        config = AlignConfig(epochs=1, prompts_per_epoch=2, group_size=3, sample_batch_size=batch, train_batch_size=3,
+                             eval_num_prompts=0, eval_num_heldout=0)
+        PolicyGradientTrainer(tiny_dalle(tokenizer), tokenizer, config, PROMPTS, tmp_path / out,
+                              reward=constant_reward, log_fn=said.append)
+        said.append("--")
+    notes = " ".join(said).split("--")
+    assert "sample_batch_size 4 splits groups of 3" in notes[0] and "splits groups" not in notes[1]
