@@ -150,5 +150,13 @@ def holm_adjust(p_values: Sequence[float]) -> list[float]:
     return adjusted
 
 
-__all__ = ["Interval", "WelchResult", "detectable_effect", "holm_adjust", "mean_ci", "mean_se", "t_quantile",
-           "welch_test"]
+def groups_of(keys: Sequence) -> list[list[int]]:
+    """The indices of each distinct key, in first-seen order: the samples of each prompt (a GRPO group)."""
+    groups: dict = {}
+    for index, key in enumerate(keys):
+        groups.setdefault(key, []).append(index)
+    return list(groups.values())
+
+
+__all__ = ["Interval", "WelchResult", "detectable_effect", "groups_of", "holm_adjust", "mean_ci", "mean_se",
+           "t_quantile", "welch_test"]

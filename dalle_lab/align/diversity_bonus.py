@@ -23,8 +23,9 @@ from typing import Callable, Sequence
 
 import torch
 
-from dalle_lab.rewards.builtin import mean_distance_to_others, prompt_groups
+from dalle_lab.rewards.builtin import mean_distance_to_others
 from dalle_lab.rewards.credit import CreditedScores, concat_credit, uniform_credit
+from dalle_lab.stats import groups_of
 
 
 def best_sample_diversity(images: torch.Tensor, prompts: Sequence[str], scores: torch.Tensor,
@@ -36,7 +37,7 @@ def best_sample_diversity(images: torch.Tensor, prompts: Sequence[str], scores: 
         raise ValueError(f"the diversity bonus needs one caption and one score per image, got {len(prompts)} "
                          f"captions and {len(scores)} scores for {len(flat)} images")
     bonus = torch.zeros(len(flat))
-    for members in prompt_groups(prompts).values():
+    for members in groups_of(prompts):
         group_scores = scores[members]
         best = [m for m, s in zip(members, group_scores.tolist()) if s >= float(group_scores.max()) - tolerance]
         if len(best) > 1:

@@ -11,6 +11,8 @@ from typing import Sequence
 
 import numpy as np
 
+from dalle_lab.stats import groups_of
+
 
 class PerPromptStatTracker:
     """DDPO-style running statistics per prompt.
@@ -67,8 +69,7 @@ def _groups(prompts: Sequence[str], n: int) -> list[np.ndarray]:
     """Index arrays of the samples of each prompt (a GRPO group), in first-seen order."""
     if len(prompts) != n:
         raise ValueError(f"{len(prompts)} prompts for {n} rewards")
-    prompts = np.asarray(list(prompts), dtype=object)
-    return [np.flatnonzero(prompts == prompt) for prompt in dict.fromkeys(prompts.tolist())]
+    return [np.asarray(index) for index in groups_of(prompts)]
 
 
 def centred_parts(prompts: Sequence[str], parts) -> np.ndarray:

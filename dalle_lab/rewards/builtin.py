@@ -10,6 +10,8 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from dalle_lab.stats import groups_of
+
 RewardFn = Callable[..., "object"]  # (images, prompts) -> tensor of B scores
 
 JPEG_QUALITY = 95  # DDPO's setting: file size at quality 95, in kilobytes (1 kB = 1000 bytes)
@@ -136,18 +138,10 @@ def group_diversity(images, prompts: Sequence[str]):
                          f"{None if prompts is None else len(prompts)} captions for {len(images)} images)")
     flat = torch.as_tensor(images).detach().float().flatten(1)
     scores = torch.zeros(len(flat), device=flat.device)
-    for members in prompt_groups(prompts).values():
+    for members in groups_of(prompts):
         if len(members) > 1:
             scores[members] = mean_distance_to_others(flat[members])
     return scores
-
-
-def prompt_groups(prompts: Sequence[str]) -> dict[str, list[int]]:
-    """{prompt: the indices of its images}, in order of first appearance."""
-    groups: dict[str, list[int]] = {}
-    for index, prompt in enumerate(prompts):
-        groups.setdefault(prompt, []).append(index)
-    return groups
 
 
 def mean_distance_to_others(rows):
