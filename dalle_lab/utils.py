@@ -56,6 +56,13 @@ def file_sha256(path: str | os.PathLike, chunk_size: int = 1 << 20) -> str:
     return digest.hexdigest()
 
 
+def first_line(err: BaseException, limit: int = 200) -> str:
+    """An exception's first non-blank line for a one-line error, or its type where it has no message (torch.load of
+    an empty file raises EOFError with none): "no message" there."""
+    lines = [line for line in str(err).splitlines() if line.strip()]
+    return lines[0][:limit] if lines else "no message"
+
+
 def fsync_path(path: str | os.PathLike) -> None:
     """Flush a file's (or a directory's entries') data to the disk. Directories cannot be opened on Windows, where
     the rename below is durable by itself."""

@@ -108,6 +108,15 @@ def test_unreadable_or_foreign_files_get_clear_errors(tmp_path):
     garbage.write_bytes(b"not a checkpoint at all")
     with pytest.raises(ckpt_io.CheckpointError, match="not a readable dalle_lab checkpoint"):
         ckpt_io.read_checkpoint(garbage)
+    empty = tmp_path / "empty.pt"
+    empty.write_bytes(b"")  # torch.load raises an EOFError without a message here
+    with pytest.raises(ckpt_io.CheckpointError, match=r"empty.pt is empty \(0 bytes\)"):
+        ckpt_io.read_checkpoint(empty)
+    cut = tmp_path / "cut.pt"
+    torch.save({"format": "x", "w": torch.ones(1000)}, cut)
+    cut.write_bytes(cut.read_bytes()[:100])
+    with pytest.raises(ckpt_io.CheckpointError, match="cut.pt is not a readable dalle_lab checkpoint"):
+        ckpt_io.read_checkpoint(cut)
     foreign = tmp_path / "vae.pt"
     torch.save({"state_dict": {"w": torch.ones(1)}}, foreign)
     with pytest.raises(ckpt_io.CheckpointError, match="not a dalle_lab DALLE checkpoint"):

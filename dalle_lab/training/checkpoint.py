@@ -151,15 +151,20 @@ def read_checkpoint(path: str | os.PathLike, map_location="cpu") -> dict:
 
     import torch
 
+    from dalle_lab.utils import first_line
+
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"checkpoint {path} does not exist: pass the .pt file train_dalle.py wrote "
                               f"(by default runs/dalle/dalle.pt)")
+    if path.stat().st_size == 0:
+        raise CheckpointError(f"{path} is empty (0 bytes): a save was interrupted or the copy failed; use another "
+                              "checkpoint of the run (its -stepNNNNNNNN.pt files) or copy it again")
     try:
         ckpt = torch.load(path, map_location=map_location, weights_only=True)
     except (pickle.UnpicklingError, RuntimeError, EOFError, OSError) as err:
         raise CheckpointError(f"{path} is not a readable dalle_lab checkpoint ({type(err).__name__}: "
-                              f"{str(err).splitlines()[0][:200]}); it may be truncated or from another program") from err
+                              f"{first_line(err)}); it may be truncated, empty or from another program") from err
     if isinstance(ckpt, dict) and "hparams" in ckpt and "weights" in ckpt and "format" not in ckpt:
         raise CheckpointError(f"{path} is a DALLE-pytorch checkpoint: convert it first: python -m dalle_lab.convert "
                               f"dallepytorch {path} OUT.pt --bpe_path ITS_VOCABULARY (generate.py and "
