@@ -214,3 +214,33 @@ def test_rotation_deletes_old_steps_with_their_engine_directories_and_never_the_
         "dalle-step00000003.pt", "dalle-step00000004.deepspeed", "dalle-step00000004.pt",
         "dalle-step00000005.deepspeed", "dalle-step00000005.pt", "other-step00000001.deepspeed"]
     assert deleted[0].name == "dalle-step00000001.pt"  # the file before any directory
+
+
+def test_a_run_folder_moved_as_a_whole_still_loads_and_a_different_file_of_the_same_name_is_refused(tmp_path):
+    """The vocabulary and image tokenizer a checkpoint recorded are found beside it when their recorded paths are
+    gone (a copied or moved run folder); the sha256 checks still refuse another file under the same name."""
+    import shutil
+
+    from dalle_lab.model import DALLE
+    from dalle_lab.tokenizers import get_tokenizer
+    from dalle_lab.tokenizers.vocab import train_bpe
+    from dalle_lab.vae import VQGanVAE, make_tiny_vqgan
+
+    run = tmp_path / "run"
+    run.mkdir()
+    train_bpe([f"a {c} zorblat number {i}" for i, c in enumerate(["red", "blue", "green"] * 10)], 60,
+              run / "dalle-bpe.model", backend="yttm")
+    tokenizer, vae = get_tokenizer(run / "dalle-bpe.model"), VQGanVAE(*make_tiny_vqgan(run, n_embed=32))
+    dalle = DALLE(vae=vae, dim=32, depth=1, heads=2, dim_head=16, num_text_tokens=tokenizer.vocab_size)
+    ckpt_io.save_checkpoint(ckpt_io.make_checkpoint(
+        config=dalle.config.to_dict(), tokenizer_identity=tokenizer.identity, vae_identity=vae.identity,
+        model=ckpt_io.model_state_without_vae(dalle)), run / "dalle.pt")
+    moved = tmp_path / "elsewhere" / "run"
+    shutil.copytree(run, moved)
+    shutil.rmtree(run)
+    loaded, loaded_tokenizer, loaded_vae = ckpt_io.load_dalle(moved / "dalle.pt")
+    assert loaded_tokenizer.path == moved / "dalle-bpe.model" and loaded_tokenizer.sha256 == tokenizer.sha256
+    assert str(moved) in str(loaded_vae.identity["model_path"])
+    train_bpe(["something else entirely"] * 5 + ["a b c d e f g h"], 40, moved / "dalle-bpe.model", backend="yttm")
+    with pytest.raises(ckpt_io.CheckpointError, match="needs the text tokenizer it was trained with"):
+        ckpt_io.load_dalle(moved / "dalle.pt")

@@ -199,24 +199,46 @@ def _describe(identity: dict) -> str:
     return f"{where} (sha256 {str(identity.get('sha256'))[:12]})"
 
 
+def beside_checkpoint(identity: dict, path) -> dict:
+    """The identity with each recorded file that does not exist here replaced by the file of the same name beside
+    the checkpoint (or inside `path` when it is a folder of token shards), where there is one: a run folder copied or
+    moved as a whole keeps working. The loaders still check each file's sha256 against the record, so a different
+    file of the same name is refused, not used."""
+    if not isinstance(identity, dict) or path is None:
+        return identity
+    base = Path(path)
+    folder = base if base.is_dir() else base.parent
+    moved = dict(identity)
+    for key, value in identity.items():
+        if key.endswith("path") and isinstance(value, str) and value and not Path(value).is_file():
+            candidate = folder / Path(value).name
+            if candidate.is_file():
+                moved[key] = str(candidate)
+    return moved
+
+
 def tokenizer_from_identity(identity: dict, path="checkpoint"):
-    """Rebuild the text tokenizer a checkpoint recorded (the shipped default is found from the package)."""
+    """Rebuild the text tokenizer a checkpoint recorded (the shipped default is found from the package, a moved
+    file beside the checkpoint)."""
     from dalle_lab.tokenizers import load_tokenizer
 
     try:
-        return load_tokenizer(identity)
+        return load_tokenizer(beside_checkpoint(identity, path))
     except (FileNotFoundError, ValueError, KeyError) as err:
-        raise CheckpointError(f"{path} needs the text tokenizer it was trained with: {err}") from err
+        raise CheckpointError(f"{path} needs the text tokenizer it was trained with: {err} (or put it beside the "
+                              "checkpoint under the same name)") from err
 
 
 def vae_from_identity(identity: dict, path="checkpoint"):
     from dalle_lab.vae import load_vae
 
     try:
-        return load_vae(identity)
+        return load_vae(beside_checkpoint(identity, path))
     except FileNotFoundError as err:
-        raise CheckpointError(f"{path} needs the image tokenizer it was trained with: {err}; copy that VQGAN here and "
-                              "pass it with --vqgan_model_path/--vqgan_config_path") from err
+        flag = {"taming_vqgan": "; train_dalle.py also takes --vqgan_model_path/--vqgan_config_path",
+                "dallepytorch_discrete_vae": "; train_dalle.py also takes --vae_path"}.get(identity.get("kind"), "")
+        raise CheckpointError(f"{path} needs the image tokenizer it was trained with: {err}; put that file at the "
+                              f"recorded path or beside the checkpoint under the same name{flag}") from err
     except (ValueError, KeyError) as err:
         raise CheckpointError(f"{path} needs the image tokenizer it was trained with: {err}") from err
 
