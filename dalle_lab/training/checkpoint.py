@@ -235,8 +235,8 @@ def vae_from_identity(identity: dict, path="checkpoint"):
     try:
         return load_vae(beside_checkpoint(identity, path))
     except FileNotFoundError as err:
-        flag = {"taming_vqgan": "; train_dalle.py also takes --vqgan_model_path/--vqgan_config_path",
-                "dallepytorch_discrete_vae": "; train_dalle.py also takes --vae_path"}.get(identity.get("kind"), "")
+        flag = {"taming_vqgan": ", or copy that VQGAN here and pass it with --vqgan_model_path/--vqgan_config_path",
+                "dallepytorch_discrete_vae": " (train_dalle.py also takes --vae_path)"}.get(identity.get("kind"), "")
         raise CheckpointError(f"{path} needs the image tokenizer it was trained with: {err}; put that file at the "
                               f"recorded path or beside the checkpoint under the same name{flag}") from err
     except (ValueError, KeyError) as err:
