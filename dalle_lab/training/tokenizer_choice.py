@@ -143,8 +143,8 @@ def _image_tokenizer(cfg: TrainConfig, init_ckpt, init_path, vae):
     if vae is not None:
         return vae, "given"
     if (cfg.vqgan_model_path is None) != (cfg.vqgan_config_path is None):
-        raise ValueError("give both --vqgan_model_path (.ckpt) and --vqgan_config_path (.yaml), or neither for the "
-                         f"default image tokenizer of --dataset {cfg.dataset}")
+        neither = "" if user_data(cfg) else f", or neither for the default image tokenizer of --dataset {cfg.dataset}"
+        raise ValueError(f"give both --vqgan_model_path (.ckpt) and --vqgan_config_path (.yaml){neither}")
     if cfg.vqgan_model_path:
         return VQGanVAE(cfg.vqgan_model_path, cfg.vqgan_config_path), "given"
     if cfg.discrete_vae_path:  # DALLE-pytorch's DiscreteVAE file (--vae_path x.pt)
@@ -181,12 +181,25 @@ def _text_tokenizer(cfg: TrainConfig, init_ckpt, init_path, tokenizer, dist: Dis
         return tokenizer, "given"
     if init_ckpt and cfg.bpe_path in (None, AUTO):  # its model's text embedding was trained on that vocabulary
         return ckpt_io.tokenizer_from_identity(init_ckpt["tokenizer"], init_path), f"recorded in {init_path}"
+    if init_ckpt and _is_recorded_file(cfg.bpe_path, init_ckpt["tokenizer"]):
+        # the file the checkpoint recorded, named again (as a DALLE-pytorch resume command does): read it the way
+        # the checkpoint does (a converted model's DALLE-pytorch tokenizer kind, not this package's default)
+        recorded = {**init_ckpt["tokenizer"], "path": str(Path(cfg.bpe_path).expanduser())}
+        return ckpt_io.tokenizer_from_identity(recorded, init_path), f"recorded in {init_path}, file given"
     if cfg.bpe_path == AUTO:
         return train_auto_vocab(cfg, dist, device)
     if cfg.bpe_path is not None:
         return get_tokenizer(cfg.bpe_path), "given"
     name = check_builtin(cfg.dataset)
     return get_tokenizer(None, dataset=name), f"shipped for --dataset {name}"
+
+
+def _is_recorded_file(bpe_path, identity: dict) -> bool:
+    """--bpe_path names the very file (by sha256) the checkpoint's tokenizer identity recorded."""
+    from dalle_lab.utils import file_sha256
+
+    path = Path(bpe_path).expanduser()
+    return path.is_file() and identity.get("sha256") is not None and file_sha256(path) == identity["sha256"]
 
 
 def auto_vocab_size(captions: int, needed: int) -> int:

@@ -1,0 +1,50 @@
+"""A converted DALLE-pytorch checkpoint on the user's path: continued with the DALLE-pytorch resume command (its
+--bpe_path named again), and moved with its VAE file as a pair."""
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import torch
+
+from dalle_lab.convert import Sources, convert_file
+
+from test_cli import script_main
+
+DATA = Path(__file__).parent / "data" / "dallepytorch"
+VOCAB = DATA / "text.model"
+
+
+def _folder(tmp_path):
+    from PIL import Image
+
+    folder = tmp_path / "data"
+    folder.mkdir()
+    for i in range(2):  # 16 px images, the converted DiscreteVAE's size
+        Image.new("RGB", (16, 16), (90 * i, 40, 200)).save(folder / f"{i}.png")
+        (folder / f"{i}.txt").write_text("a red\n")
+    return folder
+
+
+def test_continued_training_takes_the_recorded_vocabulary_named_again_and_reads_it_as_dallepytorch_did(tmp_path):
+    converted = convert_file(DATA / "class_defaults.pt", tmp_path / "c.pt", Sources(bpe_path=str(VOCAB)))
+    recorded = torch.load(converted, weights_only=True)["tokenizer"]
+    code = script_main("train_dalle.py", "--dalle_path", converted, "--bpe_path", VOCAB, "--image_text_folder",
+                       _folder(tmp_path), "--max_steps", "1", "--batch_size", "2", "--output_dir", tmp_path / "run",
+                       "--no-progress")
+    assert code == 0
+    trained = torch.load(tmp_path / "run" / "dalle.pt", weights_only=True)["tokenizer"]
+    assert trained["kind"] == recorded["kind"] != "yttm" and trained["sha256"] == recorded["sha256"]
+
+
+def test_a_converted_model_moved_with_its_vae_file_generates(tmp_path):
+    converted = convert_file(DATA / "class_defaults.pt", tmp_path / "c.pt", Sources(bpe_path=str(VOCAB)))
+    moved = tmp_path / "moved"
+    moved.mkdir()
+    vae_file = Path(torch.load(converted, weights_only=True)["vae"]["path"])
+    for path in (converted, vae_file, tmp_path / Path(VOCAB).name):
+        if path.is_file():
+            shutil.copy(path, moved / path.name)
+    vae_file.unlink()
+    args = ["--text", "a red", "--num_images", "1", "--bpe_path", VOCAB]
+    assert script_main("generate.py", "--dalle_path", moved / "c.pt", *args, "--outputs_dir", tmp_path / "out") == 0
