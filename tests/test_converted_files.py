@@ -48,3 +48,23 @@ def test_a_converted_model_moved_with_its_vae_file_generates(tmp_path):
     vae_file.unlink()
     args = ["--text", "a red", "--num_images", "1", "--bpe_path", VOCAB]
     assert script_main("generate.py", "--dalle_path", moved / "c.pt", *args, "--outputs_dir", tmp_path / "out") == 0
+
+
+def test_generate_turns_guidance_off_for_a_model_that_never_saw_dropped_captions_unless_asked(tmp_path, capsys,
+                                                                                               tiny_dalle_checkpoint):
+    import json
+
+    assert script_main("generate.py", "--dalle_path", tiny_dalle_checkpoint, "--text", "a red circle", "--num_images",
+                       "1", "--outputs_dir", tmp_path / "ours") == 0
+    assert json.loads((tmp_path / "ours" / "manifest.jsonl").read_text().splitlines()[0])["cond_scale"] == 2.0
+
+    converted = convert_file(DATA / "class_defaults.pt", tmp_path / "c.pt", Sources(bpe_path=str(VOCAB)))
+    args = ["--dalle_path", converted, "--text", "a red", "--num_images", "1"]
+    assert script_main("generate.py", *args, "--outputs_dir", tmp_path / "off") == 0
+    assert "trained without dropped captions (null_cond_prob 0), so classifier-free guidance is off" in \
+        capsys.readouterr().err
+    assert script_main("generate.py", *args, "--outputs_dir", tmp_path / "on", "--cond_scale", "3") == 0
+    assert "guidance is off" not in capsys.readouterr().err
+    scales = [json.loads((tmp_path / d / "manifest.jsonl").read_text().splitlines()[0])["cond_scale"]
+              for d in ("off", "on")]
+    assert scales == [1.0, 3.0]

@@ -33,8 +33,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "DALLE-pytorch's filter threshold: 0.9 keeps the likeliest 10%%")
     p.add_argument("--top_p", type=float, default=DEFAULTS.top_p, help="nucleus sampling threshold (none: off)")
     p.add_argument("--temperature", type=float, default=DEFAULTS.temperature, help="sampling temperature")
-    p.add_argument("--cond_scale", type=float, default=DEFAULTS.cond_scale,
-                   help="classifier-free guidance scale, 1 = off")
+    p.add_argument("--cond_scale", type=float, default=None,
+                   help=f"classifier-free guidance scale, 1 = off (default: {DEFAULTS.cond_scale:g}, or 1 for a model "
+                        "trained without dropped captions, null_cond_prob 0, as every model converted from "
+                        "DALLE-pytorch)")
     p.add_argument("--seed", type=int, default=0, help="random seed: the same seed gives the same images")
     p.add_argument(*names(OUTPUT_DIR, first="--outputs_dir"), dest="outputs_dir", default="outputs",
                    help="where images go: <outputs_dir>/<caption>/<i>.png, grid.png, and manifest.jsonl")
@@ -104,7 +106,7 @@ def main(argv=None) -> int:
         if filter_thres is not None:  # DALLE-pytorch's threshold, counted over the image vocabulary
             top_k = resolve_top_k(None, filter_thres, dalle.config.num_image_tokens)
         config = GenerationConfig(top_k=top_k, top_p=args.top_p, temperature=args.temperature,
-                                  cond_scale=args.cond_scale, strategy=args.strategy)
+                                  cond_scale=_cond_scale(args.cond_scale, dalle.config), strategy=args.strategy)
         warn_unknown_words(tokenizer, captions, "generate.py")  # named, then generated all the same
         if args.gentxt:
             completed = complete_captions(dalle, tokenizer, captions, config, args.seed, args.truncate_captions,
@@ -126,6 +128,18 @@ def main(argv=None) -> int:
     print(f"wrote {len(records)} images for {len(captions)} caption(s) to {args.outputs_dir}/ "
           f"(manifest: {args.outputs_dir}/manifest.jsonl)")
     return 0
+
+
+def _cond_scale(given: float | None, config) -> float:
+    """--cond_scale, or its default: guidance moves away from the caption-free prediction, which a model trained
+    without dropped captions (null_cond_prob 0: DALLE-pytorch's train_dalle.py never dropped them) never learned."""
+    if given is not None:
+        return given
+    if config.null_cond_prob > 0:
+        return DEFAULTS.cond_scale
+    print("note: this model was trained without dropped captions (null_cond_prob 0), so classifier-free guidance "
+          "is off (cond_scale 1); pass --cond_scale to use it anyway", file=sys.stderr)
+    return 1.0
 
 
 def _attention_maps(dalle, tokenizer, vae, captions, config, args) -> None:
