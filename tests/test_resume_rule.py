@@ -57,6 +57,44 @@ def test_train_dalle_continues_its_folder_refuses_other_flags_and_overwrites_on_
     assert train_dalle_main([*flags, "--resume", "--overwrite"]) == 2
 
 
+def test_dalle_path_of_the_folders_own_checkpoint_without_the_model_flags_continues_the_run(tiny_vqgan, tmp_path,
+                                                                                           capsys):
+    """DALLE-pytorch's resume command names the checkpoint and leaves the model flags out: it is the same run, not a
+    new one from the defaults' point of view written into the same folder."""
+    out = tmp_path / "run"
+    data = ["--vqgan_model_path", tiny_vqgan[0], "--vqgan_config_path", tiny_vqgan[1], "--output_dir", out,
+            "--dalle_output_file_name", "mine", "--max_steps", "3", "--no-progress", "--batch_size", "2"]
+    data = list(map(str, data))
+    assert train_dalle_main([*map(str, TINY_DALLE), *data, "--time_budget_s", "0.001"]) in (0, 130)
+    capsys.readouterr()
+    saved = torch.load(out / "mine.pt", weights_only=True)
+    assert train_dalle_main([*data, "--dalle_path", str(out / "mine.pt")]) == 0
+    assert first_line(capsys) == (f"train_dalle.py: resuming {out / 'mine.pt'} at step {saved['step']} (the run "
+                                  "--output_dir holds; flags left out are taken from it, --overwrite starts afresh)")
+    steps = [json.loads(line)["step"] for line in (out / "mine-metrics.jsonl").read_text().splitlines()]
+    assert saved["step"] < 3 and steps == sorted(set(steps))  # one run, continued: no step counted twice
+    final = torch.load(out / "mine.pt", weights_only=True)
+    assert final["step"] == 3 and final["config"]["dim"] == 32
+    assert train_dalle_main([*data, "--dalle_path", str(out / "mine.pt"), "--dim", "64"]) == 1
+    assert "--dim 64 (saved: 32)" in capsys.readouterr().err
+
+
+def test_a_new_run_from_weights_takes_the_loss_weight_given_and_refuses_another_architecture(tiny_vqgan, tmp_path,
+                                                                                              capsys):
+    vq = ["--vqgan_model_path", str(tiny_vqgan[0]), "--vqgan_config_path", str(tiny_vqgan[1]), "--max_steps", "1"]
+    assert train_dalle_main([*map(str, TINY_DALLE), *vq, "--output_dir", str(tmp_path / "a")]) == 0
+    start = str(tmp_path / "a" / "dalle.pt")
+    assert train_dalle_main([*vq, "--dalle_path", start, "--loss_img_weight", "1", "--batch_size", "2",
+                             "--no-progress", "--output_dir", str(tmp_path / "b")]) == 0
+    config = torch.load(tmp_path / "b" / "dalle.pt", weights_only=True)["config"]
+    assert config["loss_img_weight"] == 1.0 and config["dim"] == 32 and config["depth"] == 1
+    capsys.readouterr()
+    assert train_dalle_main([*vq, "--dalle_path", start, "--dim", "64", "--batch_size", "2", "--no-progress",
+                             "--output_dir", str(tmp_path / "c")]) == 1
+    err = capsys.readouterr().err
+    assert "another network than these flags ask for: --dim 64 (saved: 32)" in err and err.count("\n") <= 2
+
+
 def test_train_vae_continues_its_folder_and_overwrite_starts_afresh(tmp_path, capsys):
     out = str(tmp_path / "vae")
     assert train_vae_main([*TINY_VAE, "--max_steps", "2", "--output_dir", out]) == 0

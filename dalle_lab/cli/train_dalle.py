@@ -81,10 +81,13 @@ def run_to_continue(cfg, model_overrides: dict, given: set[str], overwrite: bool
     if automatic and cfg.dalle_path:
         if Path(cfg.dalle_path).resolve() != latest.resolve():
             raise ValueError(f"{cfg.output_dir} holds a run ({latest}) and --dalle_path starts another there; {fix}")
-        return cfg, model_overrides  # --dalle_path of the folder's own checkpoint: resumed when the settings match
+        # the folder's own checkpoint named again, as DALLE-pytorch users resume: the same as the command without it
+        cfg = dataclasses.replace(cfg, dalle_path=None)
     if automatic:
         cfg = dataclasses.replace(cfg, resume="latest")
     if not cfg.resume:
+        if cfg.dalle_path:  # the checkpoint brings its model: only the model flags typed here may change it
+            model_overrides = {name: value for name, value in model_overrides.items() if name in given}
         return cfg, model_overrides
     checkpoint = read_checkpoint(resume_path(cfg))
     if automatic and not is_training_checkpoint(checkpoint):

@@ -63,11 +63,7 @@ def changed_settings(ckpt: dict, cfg: TrainConfig, model_overrides: dict, facts:
     if saved_model:
         # a field the checkpoint predates (e.g. attn_types, rotary_emb) rebuilds with its default: compare with that
         saved_model = {**_model_defaults(), **saved_model}
-    for name, value in sorted(model_overrides.items()):
-        if value == "auto":  # --text_seq_len auto: a continued run keeps the checkpoint's
-            continue
-        if name in saved_model and name not in _DERIVED_MODEL_FIELDS and not _same(value, saved_model[name]):
-            changed.append(_flag(name, value, saved_model[name]))
+    changed += differing_model_fields(model_overrides, saved_model)
     saved_facts = (ckpt.get("run") or {}) if facts is not None else {}
     for key, what in (("world_size", "processes (world size)"), ("micro_batch", "micro-batch per process"),
                       ("ga_steps", "gradient accumulation steps"), ("lr_total_steps", "LR decay horizon in steps")):
@@ -75,6 +71,17 @@ def changed_settings(ckpt: dict, cfg: TrainConfig, model_overrides: dict, facts:
             hint = {"lr_total_steps": " (from --max_steps / --epochs)",
                     "world_size": " (start as many processes as the saved run)"}.get(key, " (a --deepspeed_config?)")
             changed.append(f"{what} {facts[key]} (saved: {saved_facts[key]}){hint}")
+    return changed
+
+
+def differing_model_fields(model_overrides: dict, saved_model: dict, skip=()) -> list[str]:
+    """'--flag value (saved: value)' for each model field given with another value than the saved model's."""
+    changed = []
+    for name, value in sorted(model_overrides.items()):
+        if value == "auto" or name in skip:  # --text_seq_len auto: a continued run keeps the checkpoint's
+            continue
+        if name in saved_model and name not in _DERIVED_MODEL_FIELDS and not _same(value, saved_model[name]):
+            changed.append(_flag(name, value, saved_model[name]))
     return changed
 
 

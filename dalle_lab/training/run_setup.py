@@ -57,9 +57,16 @@ def dataset_model_defaults(cfg: TrainConfig) -> dict:
     return {} if cfg.image_text_folder else dict(MODEL_DEFAULTS[builtin_name(cfg)])
 
 
+# Model fields that change how the weights train, not what they are: a run that starts from a checkpoint's weights
+# takes them from the flags (DALLE-pytorch users change --loss_img_weight between runs); the rest come from it.
+TRAINING_MODEL_FIELDS = ("loss_img_weight", "null_cond_prob", "attn_dropout", "ff_dropout")
+
+
 def build_model_config(overrides: dict, tokenizer, vae, init_ckpt, dataset_defaults: dict) -> dict:
     if init_ckpt:
         config = dict(init_ckpt["config"])  # a continued run keeps the model it was trained as
+        config.update({name: overrides[name] for name in TRAINING_MODEL_FIELDS if name in overrides})
+        _refuse_other_architecture(overrides, config)
     else:
         fields = {**dataset_defaults, **overrides}
         fields.setdefault("num_text_tokens", tokenizer.vocab_size)
@@ -71,6 +78,19 @@ def build_model_config(overrides: dict, tokenizer, vae, init_ckpt, dataset_defau
             f"the model expects {config['num_image_tokens']} image tokens on a {config['image_fmap_size']}^2 grid, "
             f"the image tokenizer gives {vae.num_tokens} on {vae.fmap_size}^2")
     return config
+
+
+def _refuse_other_architecture(overrides: dict, config: dict) -> None:
+    """Model flags that ask for another network than the checkpoint's: its weights cannot start it, so say so
+    instead of building the checkpoint's network and ignoring them."""
+    from .resume import differing_model_fields
+
+    differing = differing_model_fields(overrides, config, skip=TRAINING_MODEL_FIELDS)
+    if differing:
+        raise ckpt_io.CheckpointError(
+            f"the checkpoint to start from is another network than these flags ask for: {'; '.join(differing)}. A run "
+            "that starts from its weights keeps its architecture: leave those flags out (or train a new model "
+            "without --dalle_path)")
 
 
 def model_and_engine(cfg: TrainConfig, overrides: dict, tokenizers, init_ckpt, init_path, device, dist: DistInfo):
