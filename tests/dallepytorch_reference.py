@@ -50,7 +50,10 @@ def main(job_path, out_dir):
         for key in ("attn_types", "shared_attn_ids", "shared_ff_ids"):
             if isinstance(kwargs.get(key), list):
                 kwargs[key] = tuple(kwargs[key])
+        fp16 = kwargs.pop("fp16", False)  # as train_dalle.py --fp16 saves it: every weight and buffer in float16
         model = perturbed(dp.DALLE(vae=vae, **kwargs), seed=len(name)).eval()
+        if fp16:  # DALLE-pytorch's generate.py loads such a file into a float32 model: rounded weights, rotary table
+            model.load_state_dict({k: v.half() for k, v in model.state_dict().items()})
         g = torch.Generator().manual_seed(1)
         text = torch.randint(1, kwargs["num_text_tokens"], (2, kwargs["text_seq_len"]), generator=g)
         text[0, -2:] = 0  # padding gets the unique pad ids
@@ -60,7 +63,8 @@ def main(job_path, out_dir):
             loss = model(text.clone(), image, return_loss=True)
         hparams = {k: v for k, v in kwargs.items()}
         torch.save({"hparams": hparams, "vae_params": vae_params, "epoch": 3, "version": dp.__version__,
-                    "vae_class_name": type(vae).__name__, "weights": model.state_dict(),
+                    "vae_class_name": type(vae).__name__,
+                    "weights": {k: v.half() if fp16 else v for k, v in model.state_dict().items()},
                     "opt_state": torch.optim.Adam(model.parameters()).state_dict(), "scheduler_state": None},
                    out / f"{name}.pt")
         torch.save({"text": text, "image": image, "logits": logits, "loss": loss}, out / f"{name}.out.pt")

@@ -35,6 +35,7 @@ OPTIONS = {
     "layer_scale": dict(layer_scale=True, sandwich_norm=True),
     # a model converted from DALLE-pytorch with its class defaults (dalle_lab.convert), and with its `stable`
     "dp_class_default": dict(rotary_emb=True, shift_tokens=True, layer_scale=True, rotary_style="dallepytorch"),
+    "dp_fp16": dict(rotary_emb=True, shift_tokens=True, layer_scale=True, rotary_style="dallepytorch_fp16"),
     "dp_stable": dict(rotary_emb=True, shift_tokens=True, layer_scale=True, rotary_style="dallepytorch", stable=True,
                       stable_style="dallepytorch"),
 }

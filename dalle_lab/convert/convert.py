@@ -97,7 +97,7 @@ def load_dallepytorch(path: str | os.PathLike, sources: Sources | None = None) -
                               f"the image tokenizer given has {vae.num_tokens} on {vae.fmap_size}x{vae.fmap_size}: "
                               "pass the VAE it was trained with")
     try:
-        config = DALLEConfig(**dp.config_fields(h, num_image_tokens, fmap))
+        config = DALLEConfig(**dp.config_fields(h, num_image_tokens, fmap), rotary_style=dp.rotary_style(weights, h))
     except ValueError as err:
         raise ConversionError(f"{path}: hparams have no dalle_lab equivalent: {err}") from err
     state, used = dp.convert_weights(weights, h, fmap, path)

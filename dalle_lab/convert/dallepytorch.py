@@ -96,8 +96,16 @@ def config_fields(h: dict, num_image_tokens: int, image_fmap_size: int) -> dict:
         rotary_emb=bool(h["rotary_emb"]), shift_tokens=bool(h["shift_tokens"]),
         shared_attn_ids=_ids(h["shared_attn_ids"]), shared_ff_ids=_ids(h["shared_ff_ids"]),
         share_input_output_emb=bool(h["share_input_output_emb"]),
-        layer_scale=True, rotary_style="dallepytorch", stable_style="dallepytorch",
+        layer_scale=True, stable_style="dallepytorch",
     )
+
+
+def rotary_style(weights: dict, h: dict) -> str:
+    """DALLE-pytorch's rotary as the file stores its table of angles: a --fp16 (or bf16) run saved it rounded to
+    that dtype, and DALLE-pytorch computes with the rounded angles when it loads the file (model/config.py)."""
+    table = weights.get("transformer.pos_emb") if h["rotary_emb"] else None
+    dtype = getattr(table, "dtype", torch.float32)
+    return {torch.float16: "dallepytorch_fp16", torch.bfloat16: "dallepytorch_bf16"}.get(dtype, "dallepytorch")
 
 
 def image_grid(weights: dict, h: dict, path) -> tuple[int, int]:
@@ -196,7 +204,7 @@ def verify_rotary(weights: dict, model, path) -> None:
     saved = weights["transformer.pos_emb"].to(torch.float32)[0]  # (positions, rotated features), angles per feature
     cfg = model.config
     positions = torch.arange(saved.shape[0])
-    cos, _ = rotary_angles(positions, cfg.text_seq_len + 1, cfg.image_fmap_size, cfg.dim_head, "dallepytorch")
+    cos, _ = rotary_angles(positions, cfg.text_seq_len + 1, cfg.image_fmap_size, cfg.dim_head, cfg.rotary_style)
     ours = cos[0, 0]  # (positions, pairs): each angle covers two features there
     if ours.shape[-1] * 2 != saved.shape[-1] or not torch.allclose(ours, saved[:, ::2].cos(), atol=1e-5):
         raise ConversionError(f"{path}: transformer.pos_emb is not DALLE-pytorch 1.6.6's rotary table for these "

@@ -12,6 +12,9 @@ from dataclasses import asdict, dataclass, fields
 ATTN_TYPES = ("full", "axial_row", "axial_col", "conv_like")
 # rotary_style / stable_style: this package's variant, or DALLE-pytorch 1.6.6's (for converted checkpoints)
 STYLES = ("dalle_lab", "dallepytorch")
+# DALLE-pytorch's rotary as a --fp16 (or bf16) file stores it: its table of angles rounded to that dtype, which its
+# model then used (a converted model computes the same function only with the same rounded angles)
+ROTARY_STYLES = STYLES + ("dallepytorch_fp16", "dallepytorch_bf16")
 
 
 @dataclass
@@ -85,9 +88,9 @@ class DALLEConfig:
         if self.rotary_emb and self.dim_head < 6:
             raise ValueError(f"rotary_emb needs dim_head >= 6 (three rotated bands of at least 2 features: text "
                              f"position, image row, image column), got dim_head={self.dim_head}")
-        for name in ("rotary_style", "stable_style"):
-            if getattr(self, name) not in STYLES:
-                raise ValueError(f"DALLEConfig.{name} must be one of {', '.join(STYLES)}, got {getattr(self, name)!r}")
+        for name, allowed in (("rotary_style", ROTARY_STYLES), ("stable_style", STYLES)):
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"DALLEConfig.{name} must be one of {', '.join(allowed)}, got {getattr(self, name)!r}")
         for name in ("shared_attn_ids", "shared_ff_ids"):
             if getattr(self, name) == ():
                 raise ValueError(f"DALLEConfig.{name} is empty; leave it None for no sharing")
@@ -99,7 +102,7 @@ class DALLEConfig:
     @property
     def learned_positions(self) -> bool:
         """Whether tokens get learned position embeddings (DALLE-pytorch's rotary replaces them)."""
-        return not (self.rotary_emb and self.rotary_style == "dallepytorch")
+        return not (self.rotary_emb and self.rotary_style.startswith("dallepytorch"))
 
     @property
     def image_seq_len(self) -> int:

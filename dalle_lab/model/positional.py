@@ -43,14 +43,19 @@ def rotary_band(dim_head: int) -> int:
 def rotary_angles(positions: torch.Tensor, text_len: int, fmap: int, dim_head: int, style: str = "dalle_lab"):
     """(cos, sin) for queries/keys at positions (n,) or (B, n): shapes (1, 1, n, 3*band/2) or (B, 1, n, ...).
 
-    style "dallepytorch" gives DALLE-pytorch 1.6.6's angles instead (see _dallepytorch_coordinates)."""
+    style "dallepytorch" gives DALLE-pytorch 1.6.6's angles instead (see _dallepytorch_angles);
+    "dallepytorch_fp16" / "dallepytorch_bf16" those angles rounded to that dtype, as its half-precision files hold
+    them (model/config.py, ROTARY_STYLES)."""
     band = rotary_band(dim_head)
     cell = positions - text_len
     image = cell >= 0
     cell = cell.clamp(0, fmap * fmap - 1)  # positions past the grid (speculative slack) are never used
     row, col = torch.div(cell, fmap, rounding_mode="floor"), cell % fmap
-    if style == "dallepytorch":
+    if style.startswith("dallepytorch"):
         angles = _dallepytorch_angles(positions, image, row, col, text_len, fmap, dim_head)
+        stored = {"dallepytorch_fp16": torch.float16, "dallepytorch_bf16": torch.bfloat16}.get(style)
+        if stored is not None:  # the angles as a --fp16 / bf16 file holds them, which its model computed with
+            angles = angles.to(stored).float()
     else:
         text_coord = torch.where(image, torch.full_like(positions, text_len), positions)
         row = torch.where(image, row, torch.full_like(positions, -1))

@@ -96,7 +96,7 @@ class Transformer(nn.Module):
         rotary_style "dallepytorch": DALLE-pytorch's angles, and the values are rotated too (positional.py)."""
         super().__init__()
         self.heads, self.dim_head = heads, dim_head
-        rotate_values = rotary_emb and rotary_style == "dallepytorch"
+        rotate_values = rotary_emb and rotary_style.startswith("dallepytorch")
         self.layers = nn.ModuleList(
             Block(dim, heads, dim_head, ff_mult, attn_dropout, ff_dropout, stable, sandwich_norm,
                   layer_scale=layer_scale_init(i) if layer_scale else None, rotate_values=rotate_values)
