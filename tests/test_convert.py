@@ -70,6 +70,36 @@ def test_discrete_vae_keeps_dallepytorchs_encoding_and_decoding_and_trains():
     assert loss.dim() == 0 and vae.codebook.weight.grad.abs().sum() > 0
 
 
+def test_the_written_vae_file_keeps_every_setting_of_the_discrete_vae(tmp_path):
+    """OUT.vae.pt must rebuild the VAE the in-memory conversion uses: the same codes, decodings and training loss,
+    with non-default normalization, temperature, straight-through/ReinMax, KL weight and smooth L1."""
+    import inspect
+
+    from dalle_lab.training.checkpoint import load_dalle
+    from dalle_lab.vae.discrete import DiscreteVAE
+
+    settings = dict(normalization=((0.4, 0.45, 0.5), (0.2, 0.25, 0.3)), temperature=0.7, straight_through=True,
+                    reinmax=True, kl_div_loss_weight=0.3, smooth_l1_loss=True)
+    vae_params = {**torch.load(DATA / "plain.pt", weights_only=True)["vae_params"], **settings}
+    edited = _edited(tmp_path, vae_params=vae_params)
+    in_memory = load_dallepytorch(edited, Sources(bpe_path=str(VOCAB))).vae
+    out = convert_file(edited, tmp_path / "out.pt", Sources(bpe_path=str(VOCAB)))
+    written = load_dalle(out)[2]
+    saved = torch.load(tmp_path / "out.vae.pt", weights_only=True)["hparams"]
+    assert set(saved) == set(inspect.signature(DiscreteVAE).parameters)  # a new constructor argument must be saved
+    images = torch.rand(2, 3, 16, 16, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        _close(written(images, return_logits=True), in_memory(images, return_logits=True))
+        codes = in_memory.get_codebook_indices(images)
+        assert torch.equal(written.get_codebook_indices(images), codes)
+        _close(written.decode_images(codes), in_memory.decode_images(codes))
+    losses = []
+    for vae in (in_memory, written):
+        torch.manual_seed(0)  # the same Gumbel noise for both
+        losses.append(vae.train()(images, return_loss=True))
+    _close(losses[1], losses[0])
+
+
 def test_load_dalle_takes_the_dallepytorch_file_directly_with_a_one_line_note():
     import dalle_lab
 

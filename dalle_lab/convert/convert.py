@@ -22,7 +22,7 @@ import torch
 from dalle_lab.model import DALLE, DALLEConfig
 from dalle_lab.tokenizers.dallepytorch import SIMPLE_VOCAB_SIZE, dallepytorch_tokenizer
 from dalle_lab.training.checkpoint import load_model_state, make_checkpoint, model_state_without_vae, save_checkpoint
-from dalle_lab.utils import file_sha256
+from dalle_lab.utils import atomic_torch_save, file_sha256
 from dalle_lab.vae.discrete import DiscreteVAE
 from dalle_lab.vae.openai import OpenAIDiscreteVAE
 from dalle_lab.vae.vqgan import VQGanVAE
@@ -179,11 +179,24 @@ def vae_file_for(out_path: str | os.PathLike) -> Path:
     return out_path.with_name(out_path.stem + ".vae.pt")
 
 
+# What DiscreteVAE.hparams() leaves out but encode/decode (normalization) or training (the rest) depend on
+_VAE_BEHAVIOUR = ("normalization", "temperature", "straight_through", "reinmax", "kl_div_loss_weight", "smooth_l1_loss")
+
+
+def save_discrete_vae(vae: DiscreteVAE, path) -> Path:
+    """Write DALLE-pytorch's VAE file ({"hparams", "weights"}) with every constructor argument, so loading it
+    rebuilds the VAE the conversion used (vae.save() keeps only the shape arguments); the vae then records it."""
+    hparams = {**vae.hparams(), **{name: getattr(vae, name) for name in _VAE_BEHAVIOUR}}
+    path = atomic_torch_save({"hparams": hparams, "weights": vae.state_dict()}, path)
+    vae.path, vae._sha256 = Path(path), None  # what vae.save() sets: `identity` then names this file
+    return vae.path
+
+
 def convert_file(in_path, out_path, sources: Sources | None = None, vae_out=None) -> Path:
     """Write the dalle_lab checkpoint of a DALLE-pytorch file (and its DiscreteVAE beside it); returns out_path."""
     converted = load_dallepytorch(in_path, sources)
     if isinstance(converted.vae, DiscreteVAE):
-        converted.vae.save(vae_out or vae_file_for(out_path))
+        save_discrete_vae(converted.vae, vae_out or vae_file_for(out_path))
     ckpt = make_checkpoint(config=converted.model.config.to_dict(), tokenizer_identity=converted.tokenizer.identity,
                            vae_identity=converted.vae.identity, model=model_state_without_vae(converted.model),
                            converted_from={"format": "dalle-pytorch", **converted.source})
