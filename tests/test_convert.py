@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -198,6 +199,69 @@ def test_neither_format_and_dalle_lab_files_are_told_apart(tmp_path):
         load_dallepytorch(tmp_path / "text.txt", Sources(bpe_path=str(VOCAB)))
     assert convert_main(["dallepytorch", str(tmp_path / "other.pt"), str(tmp_path / "out.pt")]) == 2
     assert not (tmp_path / "out.pt").exists()
+
+
+def _cli_error(capsys, *argv) -> str:
+    """The command line's stderr for a conversion that must fail: exit status 2 and one line, no traceback."""
+    assert convert_main(["dallepytorch", *map(str, argv)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("error: "), err
+    return err
+
+
+def _vae_files(tmp_path, kind):
+    """A DALLE-pytorch file of `kind` (vae_class_name) and a valid pair of that VAE's files beside it."""
+    from dalle_lab.vae import make_tiny_vqgan
+
+    edited = _edited(tmp_path, vae_class_name=kind, vae_params=None,
+                     weights=lambda w: {k: v for k, v in w.items() if not k.startswith("vae.")})
+    if kind == "VQGanVAE":
+        return edited, make_tiny_vqgan(tmp_path, image_size=16, n_embed=20)
+    for name in ("encoder.pkl", "decoder.pkl"):
+        torch.save(torch.nn.Linear(1, 1), tmp_path / name)
+    return edited, (tmp_path / "encoder.pkl", tmp_path / "decoder.pkl")
+
+
+VAE_FILE_PROBLEMS = {  # kind, which of the two files (0 / 1) is replaced by what, the message expected
+    "vqgan_missing": ("VQGanVAE", 0, None, r"--vqgan_model_path \S*nonexistent does not exist"),
+    "vqgan_junk_ckpt": ("VQGanVAE", 0, b"junk\n", r"--vqgan_model_path \S*junk is not a torch file"),
+    "vqgan_not_taming": ("VQGanVAE", 0, "plain.pt", r"--vqgan_model_path \S*plain.pt does not load as the VQGAN"),
+    "vqgan_bad_yaml": ("VQGanVAE", 1, b"x: [\n", r"--vqgan_config_path \S*junk is not a taming VQGAN config "
+                                                 r"\(ParserError"),
+    "openai_missing": ("OpenAIDiscreteVAE", 0, None, r"--openai_encoder_path \S*nonexistent does not exist"),
+    "openai_junk_pkl": ("OpenAIDiscreteVAE", 1, b"hi\n", r"--openai_decoder_path \S*junk is not a torch file"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(VAE_FILE_PROBLEMS))
+def test_unreadable_vae_files_get_one_line_naming_the_flag_and_file(case, tmp_path, capsys):
+    kind, which, replacement, message = VAE_FILE_PROBLEMS[case]
+    edited, files = _vae_files(tmp_path, kind)
+    files = list(files)
+    if replacement is None:
+        files[which] = tmp_path / "nonexistent"
+    elif replacement == "plain.pt":
+        files[which] = DATA / "plain.pt"
+    else:
+        files[which] = tmp_path / "junk"
+        files[which].write_bytes(replacement)
+    flags = ("--vqgan_model_path", "--vqgan_config_path") if kind == "VQGanVAE" else \
+        ("--openai_encoder_path", "--openai_decoder_path")
+    err = _cli_error(capsys, edited, tmp_path / "out.pt", "--bpe_path", VOCAB, flags[0], files[0], flags[1], files[1])
+    assert re.search(rf"edited.pt: {message}", err), err
+    assert not (tmp_path / "out.pt").exists()
+
+
+def test_weights_whose_shape_does_not_follow_from_hparams_get_one_line(tmp_path, capsys):
+    narrow = _edited(tmp_path, weights=lambda w: {**w, "text_emb.weight": w["text_emb.weight"][:, :8]})
+    err = _cli_error(capsys, narrow, tmp_path / "out.pt", "--bpe_path", VOCAB)
+    assert re.search(r"edited.pt: its hparams and its weights disagree: weight text_emb.weight is \(45, 8\)", err)
+
+
+def test_a_json_vocabulary_without_hug_is_told_to_add_it(tmp_path, capsys):
+    (tmp_path / "vocab.json").write_text('{"model": {}}')
+    err = _cli_error(capsys, DATA / "plain.pt", tmp_path / "out.pt", "--bpe_path", tmp_path / "vocab.json")
+    assert "vocab.json" in err and "add --hug" in err
 
 
 def test_dalle_lab_reader_points_dallepytorch_files_to_the_converter():

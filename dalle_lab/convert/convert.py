@@ -18,11 +18,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+import yaml
 
 from dalle_lab.model import DALLE, DALLEConfig
 from dalle_lab.tokenizers.dallepytorch import SIMPLE_VOCAB_SIZE, dallepytorch_tokenizer
 from dalle_lab.training.checkpoint import load_model_state, make_checkpoint, model_state_without_vae, save_checkpoint
+from dalle_lab.training.errors import CheckpointError
 from dalle_lab.utils import atomic_torch_save, file_sha256
+from dalle_lab.vae import taming_format
 from dalle_lab.vae.discrete import DiscreteVAE
 from dalle_lab.vae.openai import OpenAIDiscreteVAE
 from dalle_lab.vae.vqgan import VQGanVAE
@@ -56,9 +59,7 @@ def read_file(path: str | os.PathLike, trust_pickle: bool = False) -> dict:
     path = Path(path)
     if not path.is_file():
         raise ConversionError(f"{path} does not exist: pass the .pt file DALLE-pytorch's train_dalle.py wrote")
-    with open(path, "rb") as handle:
-        head = handle.read(2)
-    if not zipfile.is_zipfile(path) and head[:1] != b"\x80":  # torch.save: a zip file, or a legacy pickle
+    if not _looks_like_torch_file(path):
         raise ConversionError(f"{path} is not a readable torch file: pass the .pt file DALLE-pytorch's "
                               "train_dalle.py wrote")
     try:
@@ -83,6 +84,26 @@ def read_file(path: str | os.PathLike, trust_pickle: bool = False) -> dict:
     return ckpt
 
 
+def _looks_like_torch_file(path: Path) -> bool:
+    """torch.save writes a zip file, or (before torch 1.6) a pickle: anything else is junk, told apart before
+    torch.load's own errors, which do not name the file."""
+    with open(path, "rb") as handle:
+        head = handle.read(1)
+    return zipfile.is_zipfile(path) or head == b"\x80"
+
+
+def _reason(err: BaseException) -> str:
+    """An exception as a short one-line reason (parsers' messages run over several lines)."""
+    text = " ".join(str(err).split())
+    return f"{type(err).__name__}: {text[:160]}" if text else type(err).__name__
+
+
+# What reading a user's VQGAN / OpenAI files can raise: missing files, yaml syntax, pickle and zip damage, and the
+# readers' own ValueErrors; turned into one line naming the flag and file
+_READ_ERRORS = (OSError, ValueError, RuntimeError, EOFError, KeyError, TypeError, pickle.UnpicklingError,
+                yaml.YAMLError)
+
+
 def load_dallepytorch(path: str | os.PathLike, sources: Sources | None = None) -> Converted:
     """The DALLE-pytorch checkpoint at `path` as a dalle_lab DALLE (with its tokenizers), computing the same function."""
     sources = sources or Sources()
@@ -103,7 +124,11 @@ def load_dallepytorch(path: str | os.PathLike, sources: Sources | None = None) -
     state, used = dp.convert_weights(weights, h, fmap, path)
     dp.check_all_used(weights, used, path)
     model = DALLE(vae=vae, config=config)
-    load_model_state(model, state, path)
+    try:
+        load_model_state(model, state, path)
+    except CheckpointError as err:  # a weight's shape does not follow from hparams: name it in DALLE-pytorch's terms
+        detail = str(err).removeprefix(f"{path}: ").replace("config", "hparams")
+        raise ConversionError(f"{path}: {detail}") from err
     if h["rotary_emb"]:
         dp.verify_rotary(weights, model, path)
     source = {"path": str(Path(path).resolve()), "sha256": file_sha256(path), "version": ckpt.get("version"),
@@ -121,7 +146,7 @@ def image_tokenizer(ckpt: dict, sources: Sources, path):
             raise ConversionError(f"{path}: vae_class_name VQGanVAE: pass the VQGAN it was trained with, "
                                   "--vqgan_model_path X.ckpt --vqgan_config_path X.yaml (DALLE-pytorch's default was "
                                   "the ImageNet f16 1024-code VQGAN it downloaded to ~/.cache/dalle)")
-        vae = VQGanVAE(sources.vqgan_model_path, sources.vqgan_config_path, trust_pickle=sources.trust_pickle)
+        vae = _vqgan(sources, path)
         for key in ("vae.model.quantize.embedding.weight", "vae.model.quantize.embed.weight"):
             if key in weights and not torch.equal(weights[key].float(), vae.codebook.float().cpu()):
                 raise ConversionError(f"{path}: --vqgan_model_path {sources.vqgan_model_path} is not the VQGAN this "
@@ -133,9 +158,47 @@ def image_tokenizer(ckpt: dict, sources: Sources, path):
             raise ConversionError(f"{path}: vae_class_name {name or 'unrecorded (OpenAIDiscreteVAE assumed)'}: pass "
                                   "OpenAI's DALL-E VAE files, --openai_encoder_path encoder.pkl --openai_decoder_path "
                                   "decoder.pkl (or --vqgan_model_path/--vqgan_config_path if it used a VQGAN)")
-        return OpenAIDiscreteVAE(sources.openai_encoder_path, sources.openai_decoder_path)
+        return _openai_vae(sources, path)
     raise ConversionError(f"{path}: vae_class_name {name!r} is not one of DALLE-pytorch's (DiscreteVAE, VQGanVAE, "
                           "OpenAIDiscreteVAE)")
+
+
+def _check_given(path, files: dict, what: str) -> None:
+    """Each --flag file exists and is a torch file (those in `torch_files`), else one line naming it."""
+    for flag, (file, torch_file) in files.items():
+        if not Path(file).is_file():
+            raise ConversionError(f"{path}: {flag} {file} does not exist: pass {what}")
+        if torch_file and not _looks_like_torch_file(Path(file)):
+            raise ConversionError(f"{path}: {flag} {file} is not a torch file (torch.save's zip or pickle): pass {what}")
+
+
+def _vqgan(sources: Sources, path) -> VQGanVAE:
+    model_path, config_path = sources.vqgan_model_path, sources.vqgan_config_path
+    what = "the taming VQGAN's .ckpt and .yaml the model was trained with"
+    _check_given(path, {"--vqgan_model_path": (model_path, True), "--vqgan_config_path": (config_path, False)}, what)
+    try:  # the .yaml first, so its errors name it rather than the pair
+        taming_format.read_model_config(config_path)
+    except _READ_ERRORS as err:
+        raise ConversionError(f"{path}: --vqgan_config_path {config_path} is not a taming VQGAN config "
+                              f"({_reason(err)}): pass the .yaml published with the .ckpt") from err
+    try:
+        return VQGanVAE(model_path, config_path, trust_pickle=sources.trust_pickle)
+    except _READ_ERRORS as err:
+        raise ConversionError(f"{path}: --vqgan_model_path {model_path} does not load as the VQGAN {config_path} "
+                              f"describes ({_reason(err)}): pass {what} (--trust_pickle if it holds pickled "
+                              "objects and you trust it)") from err
+
+
+def _openai_vae(sources: Sources, path) -> OpenAIDiscreteVAE:
+    encoder, decoder = sources.openai_encoder_path, sources.openai_decoder_path
+    what = "local copies of OpenAI's DALL-E encoder.pkl and decoder.pkl"
+    _check_given(path, {"--openai_encoder_path": (encoder, True), "--openai_decoder_path": (decoder, True)}, what)
+    try:
+        return OpenAIDiscreteVAE(encoder, decoder)
+    except _READ_ERRORS as err:
+        raise ConversionError(f"{path}: --openai_encoder_path {encoder} / --openai_decoder_path {decoder} do not "
+                              f"load ({_reason(err)}): pass {what}, with `pip install DALL-E` for their "
+                              "classes") from err
 
 
 def _discrete_vae(params, weights: dict, path):
@@ -167,7 +230,10 @@ def text_tokenizer(h: dict, sources: Sources, path):
     try:
         tokenizer = dallepytorch_tokenizer(sources.bpe_path, hug=sources.hug)
     except (FileNotFoundError, ValueError) as err:
-        raise ConversionError(str(err)) from err
+        hint = ""
+        if not sources.hug and Path(sources.bpe_path).suffix == ".json":  # DALLE-pytorch read these only with --hug
+            hint = " (a .json vocabulary is a HuggingFace tokenizers file: add --hug)"
+        raise ConversionError(f"{' '.join(str(err).split())}{hint}") from err
     if tokenizer.vocab_size != n:
         raise ConversionError(f"{path}: hparams num_text_tokens is {n} but --bpe_path {sources.bpe_path} has "
                               f"{tokenizer.vocab_size} tokens: pass the vocabulary the model was trained with")
