@@ -264,6 +264,32 @@ def test_a_json_vocabulary_without_hug_is_told_to_add_it(tmp_path, capsys):
     assert "vocab.json" in err and "add --hug" in err
 
 
+@pytest.mark.parametrize("spelling", ["same", "dotted", "symlink", "hardlink", "vae_out"])
+def test_the_input_file_is_never_overwritten(spelling, tmp_path, capsys):
+    import os
+
+    original = tmp_path / "in" / "dalle.pt"
+    original.parent.mkdir()
+    original.write_bytes((DATA / "plain.pt").read_bytes())
+    before = original.read_bytes()
+    outputs = {"same": [original], "dotted": [tmp_path / "in" / ".." / "in" / "dalle.pt"],
+               "symlink": [tmp_path / "link.pt"], "hardlink": [tmp_path / "hard.pt"],
+               "vae_out": [tmp_path / "out.pt", "--vae_out", original]}[spelling]
+    if spelling == "symlink":
+        (tmp_path / "link.pt").symlink_to(original)
+    elif spelling == "hardlink":
+        os.link(original, tmp_path / "hard.pt")
+    err = _cli_error(capsys, original, *outputs, "--bpe_path", VOCAB)
+    assert "is the input file itself" in err and "choose another output path" in err
+    assert original.read_bytes() == before and not (tmp_path / "out.pt").exists()
+
+
+def test_an_unwritable_output_gets_one_line(tmp_path, capsys):
+    (tmp_path / "file").write_text("a file, not a folder")
+    err = _cli_error(capsys, DATA / "plain.pt", tmp_path / "file" / "out.pt", "--bpe_path", VOCAB)
+    assert "cannot write" in err and "out" in err and "choose a writable output path" in err
+
+
 def test_dalle_lab_reader_points_dallepytorch_files_to_the_converter():
     from dalle_lab.training.checkpoint import CheckpointError, read_checkpoint
 

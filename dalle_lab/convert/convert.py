@@ -258,12 +258,37 @@ def save_discrete_vae(vae: DiscreteVAE, path) -> Path:
     return vae.path
 
 
+def _same_file(a, b) -> bool:
+    """Whether two spellings name one file: symlinks and `..` resolved, hard links compared by inode."""
+    a, b = Path(a), Path(b)
+    return a.resolve() == b.resolve() or (a.exists() and b.exists() and os.path.samefile(a, b))
+
+
+def _refuse_overwriting(in_path, target, what: str) -> None:
+    if _same_file(in_path, target):
+        raise ConversionError(f"{in_path}: {what} {target} is the input file itself, which converting would "
+                              "overwrite: choose another output path")
+
+
+def _write(save, target):
+    """save(target), with an unwritable place (a missing permission, a read-only folder) as one line."""
+    try:
+        return save(target)
+    except OSError as err:
+        raise ConversionError(f"cannot write {target} ({_reason(err)}): choose a writable output path") from err
+
+
 def convert_file(in_path, out_path, sources: Sources | None = None, vae_out=None) -> Path:
     """Write the dalle_lab checkpoint of a DALLE-pytorch file (and its DiscreteVAE beside it); returns out_path."""
+    _refuse_overwriting(in_path, out_path, "OUT")  # before the (slow) conversion, and before anything is written
     converted = load_dallepytorch(in_path, sources)
     if isinstance(converted.vae, DiscreteVAE):
-        save_discrete_vae(converted.vae, vae_out or vae_file_for(out_path))
+        vae_path = vae_out or vae_file_for(out_path)
+        _refuse_overwriting(in_path, vae_path, "the VAE file (--vae_out)")
+        if _same_file(out_path, vae_path):
+            raise ConversionError(f"--vae_out {vae_path} is OUT itself: the DALLE and its VAE need two files")
+        _write(lambda target: save_discrete_vae(converted.vae, target), vae_path)
     ckpt = make_checkpoint(config=converted.model.config.to_dict(), tokenizer_identity=converted.tokenizer.identity,
                            vae_identity=converted.vae.identity, model=model_state_without_vae(converted.model),
                            converted_from={"format": "dalle-pytorch", **converted.source})
-    return save_checkpoint(ckpt, out_path)
+    return _write(lambda target: save_checkpoint(ckpt, target), out_path)
