@@ -290,6 +290,15 @@ def test_an_unwritable_output_gets_one_line(tmp_path, capsys):
     assert "cannot write" in err and "out" in err and "choose a writable output path" in err
 
 
+def test_a_dallepytorch_vae_file_is_named_as_one_and_pointed_to_the_dalle_file(tmp_path, capsys):
+    ckpt = torch.load(DATA / "plain.pt", weights_only=True)
+    weights = {k[len("vae."):]: v for k, v in ckpt["weights"].items() if k.startswith("vae.")}
+    torch.save({"hparams": ckpt["vae_params"], "weights": weights}, tmp_path / "vae.pt")  # train_vae.py's format
+    err = _cli_error(capsys, tmp_path / "vae.pt", tmp_path / "out.pt", "--bpe_path", VOCAB)
+    assert re.search(r"vae.pt is a DALLE-pytorch VAE file .*, not a DALLE checkpoint: convert the dalle.pt .*"
+                     r"train_dalle.py --vae_path \S*vae.pt", err), err
+
+
 def test_dalle_lab_reader_points_dallepytorch_files_to_the_converter():
     from dalle_lab.training.checkpoint import CheckpointError, read_checkpoint
 

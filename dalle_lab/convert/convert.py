@@ -72,6 +72,10 @@ def read_file(path: str | os.PathLike, trust_pickle: bool = False) -> dict:
         raise ConversionError(f"{path} is not a readable torch file ({type(err).__name__}); it may be truncated") from err
     if isinstance(ckpt, dict) and ckpt.get("format", "").startswith("dalle_lab"):
         raise ConversionError(f"{path} is already a dalle_lab checkpoint: use it directly")
+    if dp.is_dallepytorch_vae_file(ckpt):
+        raise ConversionError(f"{path} is a DALLE-pytorch VAE file (train_vae.py's DiscreteVAE), not a DALLE "
+                              "checkpoint: convert the dalle.pt its train_dalle.py wrote (it holds this VAE too), or "
+                              f"train a new DALLE on this VAE with train_dalle.py --vae_path {path}")
     if not dp.is_dallepytorch_checkpoint(ckpt):
         found = sorted(ckpt)[:8] if isinstance(ckpt, dict) else type(ckpt).__name__
         raise ConversionError(f"{path} is neither a DALLE-pytorch train_dalle.py checkpoint (keys 'hparams', "

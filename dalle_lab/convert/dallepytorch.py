@@ -28,6 +28,9 @@ CLASS_DEFAULTS = dict(num_text_tokens=10000, text_seq_len=256, heads=8, dim_head
                       stable=False, sandwich_norm=False, shift_tokens=True, rotary_emb=True, shared_attn_ids=None,
                       shared_ff_ids=None, share_input_output_emb=False, optimize_for_inference=False)
 _REQUIRED = ("dim", "depth")
+# Keywords of DALLE-pytorch's DiscreteVAE that its DALLE does not take: hparams holding these (and no `dim`) are a
+# VAE file of its train_vae.py, which has the same two keys, hparams and weights, as a DALLE checkpoint
+_VAE_ONLY = ("image_size", "num_tokens", "codebook_dim", "num_layers", "num_resnet_blocks", "hidden_dim")
 _SUPPORTED_TYPES = ("full", "axial_row", "axial_col", "conv_like")
 
 
@@ -37,6 +40,12 @@ class ConversionError(ValueError):
 
 def is_dallepytorch_checkpoint(obj) -> bool:
     return isinstance(obj, dict) and "hparams" in obj and "weights" in obj and "format" not in obj
+
+
+def is_dallepytorch_vae_file(obj) -> bool:
+    hparams = obj.get("hparams") if isinstance(obj, dict) else None
+    return (isinstance(hparams, dict) and "vae_params" not in obj and "dim" not in hparams
+            and any(name in hparams for name in _VAE_ONLY))
 
 
 def model_hparams(ckpt: dict, path) -> dict:
