@@ -152,7 +152,8 @@ def _edited(tmp_path, name="plain", **changes):
 BAD = {
     "version": (dict(version="0.14.3"), r"edited.pt: version '0.14.3': only DALLE-pytorch 1.x"),
     "reversible": (dict(hparams=dict(reversible=True)), r"edited.pt: hparams.reversible=True: .*two residual streams"),
-    "sparse": (dict(hparams=dict(attn_types=("full", "sparse"))), r"edited.pt: hparams.attn_types/sparse_attn .*sparse"),
+    "sparse": (dict(hparams=dict(attn_types=("full", "sparse"), sparse_attn=True)),
+               r"edited.pt: hparams.attn_types use 'sparse'"),
     "unknown_option": (dict(hparams=dict(cross_attend=True)), r"edited.pt: hparams \['cross_attend'\] are not"),
     "vae_weights_missing": (dict(weights=lambda w: {k: v for k, v in w.items() if not k.startswith("vae.")}),
                             r"edited.pt: a DiscreteVAE model whose weights have no 'vae.\*' entries"),
@@ -174,6 +175,28 @@ def test_bad_files_get_one_line_naming_file_field_and_fix(case, tmp_path):
     with pytest.raises(ConversionError, match=message) as err:
         load_dallepytorch(_edited(tmp_path, **changes), Sources(bpe_path=str(VOCAB)))
     assert "\n" not in str(err.value)
+
+
+def test_sparse_attn_without_sparse_attn_types_converts_with_a_note(tmp_path, capsys):
+    """DALLE-pytorch 1.6.6's Transformer never read sparse_attn (only attn_types 'sparse' chose its sparse
+    attention), so the weights compute the plain model's function."""
+    edited = _edited(tmp_path, hparams=dict(sparse_attn=True))
+    converted = load_dallepytorch(edited, Sources(bpe_path=str(VOCAB)))
+    _check_same_function(converted.model, "plain")
+    assert convert_main(["dallepytorch", str(edited), str(tmp_path / "out.pt"), "--bpe_path", str(VOCAB)]) == 0
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and re.match(r"note: \S*edited.pt: hparams sparse_attn=True had no effect", err), err
+
+
+@pytest.mark.parametrize("version, noted", [("1.6.6", False), ("1.2.0", False), (None, False), ("1.7.0", True),
+                                            (1.6, True), ("1.6", True), ("1.6.6rc1", True)])
+def test_versions_outside_the_known_releases_convert_with_a_note(version, noted, tmp_path):
+    note = io.StringIO()
+    out = convert_file(_edited(tmp_path, version=version), tmp_path / "out.pt", Sources(bpe_path=str(VOCAB)), note=note)
+    assert out.is_file()
+    expected = f"note: {tmp_path}/edited.pt: the file says version {version!r}, not a DALLE-pytorch release (1.0.0 " \
+               "to 1.6.6): converted as 1.6.6's format (its weights fit that layout)\n"
+    assert note.getvalue() == (expected if noted else "")
 
 
 def test_tokenizer_problems_name_the_vocabulary_and_the_fix(tmp_path):

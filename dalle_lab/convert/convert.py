@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import sys
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -53,6 +54,7 @@ class Converted:
     tokenizer: object
     vae: object
     source: dict  # what the file was: path, sha256, version, epoch
+    notes: list  # one-line notes for the user (a version outside the known releases, a flag that did nothing)
 
 
 def read_file(path: str | os.PathLike, trust_pickle: bool = False) -> dict:
@@ -113,6 +115,7 @@ def load_dallepytorch(path: str | os.PathLike, sources: Sources | None = None) -
     sources = sources or Sources()
     ckpt = read_file(path, sources.trust_pickle)
     h = dp.model_hparams(ckpt, path)
+    notes = dp.notes(ckpt, path)
     weights = ckpt["weights"]
     tokenizer = text_tokenizer(h, sources, path)
     num_image_tokens, fmap = dp.image_grid(weights, h, path)
@@ -137,7 +140,7 @@ def load_dallepytorch(path: str | os.PathLike, sources: Sources | None = None) -
         dp.verify_rotary(weights, model, path)
     source = {"path": str(Path(path).resolve()), "sha256": file_sha256(path), "version": ckpt.get("version"),
               "epoch": ckpt.get("epoch"), "vae_class_name": ckpt.get("vae_class_name")}
-    return Converted(model.eval(), tokenizer, vae, source)
+    return Converted(model.eval(), tokenizer, vae, source, notes)
 
 
 def image_tokenizer(ckpt: dict, sources: Sources, path):
@@ -282,10 +285,13 @@ def _write(save, target):
         raise ConversionError(f"cannot write {target} ({_reason(err)}): choose a writable output path") from err
 
 
-def convert_file(in_path, out_path, sources: Sources | None = None, vae_out=None) -> Path:
-    """Write the dalle_lab checkpoint of a DALLE-pytorch file (and its DiscreteVAE beside it); returns out_path."""
+def convert_file(in_path, out_path, sources: Sources | None = None, vae_out=None, note=None) -> Path:
+    """Write the dalle_lab checkpoint of a DALLE-pytorch file (and its DiscreteVAE beside it); returns out_path.
+    note: where the conversion's one-line notes go (default: stderr)."""
     _refuse_overwriting(in_path, out_path, "OUT")  # before the (slow) conversion, and before anything is written
     converted = load_dallepytorch(in_path, sources)
+    for line in converted.notes:
+        print(f"note: {line}", file=note or sys.stderr)
     if isinstance(converted.vae, DiscreteVAE):
         vae_path = vae_out or vae_file_for(out_path)
         _refuse_overwriting(in_path, vae_path, "the VAE file (--vae_out)")

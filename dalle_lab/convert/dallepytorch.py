@@ -17,11 +17,16 @@ Every key of the file must be used and every weight of the model filled: anythin
 """
 from __future__ import annotations
 
+import re
+
 import torch
 
 from dalle_lab.model.positional import rotary_angles
 
 SUPPORTED_MAJOR = "1."
+# The releases this layout is known from: 1.0.0 ... 1.6.6, the last DALLE-pytorch (its 1.x keeps the checkpoint
+# fields, and the weights are checked key by key against 1.6.6's layout anyway)
+LAST_RELEASE = (1, 6, 6)
 # DALLE-pytorch 1.6.6's DALLE keywords and their class defaults (dim, depth, vae are required there)
 CLASS_DEFAULTS = dict(num_text_tokens=10000, text_seq_len=256, heads=8, dim_head=64, reversible=False,
                       attn_dropout=0.0, ff_dropout=0.0, sparse_attn=False, attn_types=None, loss_img_weight=7,
@@ -48,6 +53,22 @@ def is_dallepytorch_vae_file(obj) -> bool:
             and any(name in hparams for name in _VAE_ONLY))
 
 
+def notes(ckpt: dict, path) -> list[str]:
+    """One-line notes on what converts but deserves a word: a version outside the known releases, a flag that did
+    nothing in 1.6.6."""
+    found = []
+    version = ckpt.get("version")
+    match = re.fullmatch(r"(\d+)\.(\d+)\.(\d+)", version) if isinstance(version, str) else None
+    if version is not None and not (match and (1, 0, 0) <= tuple(map(int, match.groups())) <= LAST_RELEASE):
+        found.append(f"{path}: the file says version {version!r}, not a DALLE-pytorch release (1.0.0 to 1.6.6): "
+                     "converted as 1.6.6's format (its weights fit that layout)")
+    hparams = ckpt["hparams"]
+    if hparams.get("sparse_attn"):  # 1.6.6's Transformer zips it per layer but never reads it
+        found.append(f"{path}: hparams sparse_attn={hparams['sparse_attn']!r} had no effect in DALLE-pytorch 1.6.6 "
+                     "(only attn_types 'sparse' chose sparse attention): ignored")
+    return found
+
+
 def model_hparams(ckpt: dict, path) -> dict:
     """hparams with 1.6.6's class defaults filled in, refusing what has no same-function equivalent here."""
     version = ckpt.get("version")
@@ -71,8 +92,8 @@ def model_hparams(ckpt: dict, path) -> dict:
                               "attention reads one, the feed-forward the other, averaged at the end), which no "
                               "dalle_lab model computes; retrain without it (--gradient_checkpointing saves memory)")
     types = (h["attn_types"],) if isinstance(h["attn_types"], str) else tuple(h["attn_types"] or ("full",))
-    if h["sparse_attn"] or "sparse" in types:
-        raise ConversionError(f"{path}: hparams.attn_types/sparse_attn use 'sparse' (DeepSpeed's block-sparse "
+    if "sparse" in types:  # sparse_attn alone did nothing there (notes)
+        raise ConversionError(f"{path}: hparams.attn_types use 'sparse' (DeepSpeed's block-sparse "
                               "attention with random blocks), which has no mask equivalent here; retrain with full, "
                               "axial_row, axial_col or conv_like")
     bad = [t for t in types if t not in _SUPPORTED_TYPES]

@@ -38,6 +38,8 @@ def load_dalle(path: str | os.PathLike, device="cpu", bpe_path=None, vqgan_paths
     converted = load_dallepytorch(path, sources)
     print(f"{path}: a DALLE-pytorch {converted.source['version'] or '(unversioned)'} checkpoint, converted in memory "
           f"(to convert once: python -m dalle_lab.convert dallepytorch {path} OUT.pt)", file=note or sys.stderr)
+    for line in converted.notes:
+        print(f"note: {line}", file=note or sys.stderr)
     converted.model.to(device).eval()
     converted.vae.to(device).eval()
     return converted.model, converted.tokenizer, converted.vae
