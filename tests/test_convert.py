@@ -164,6 +164,9 @@ BAD = {
                       r"edited.pt: field 'weights' holds no weights .*zero_to_fp32"),
     "extra_weight": (dict(weights=lambda w: {**w, "transformer.layers.layers.9.0.scale": torch.ones(1, 1, 16)}),
                      r"edited.pt: weights \['transformer.layers.layers.9.0.scale'\] have no place"),
+    "text_seq_len_edited": (dict(name="class_defaults", hparams=dict(text_seq_len=6)),
+                            r"edited.pt: transformer.pos_emb has 22 positions, leaving 15 for the image after hparams "
+                            r"text_seq_len 6 \+ 1, not a square grid: hparams text_seq_len does not match the weights"),
     "missing_weight": (dict(weights=lambda w: {k: v for k, v in w.items() if k != "text_pos_emb.weight"}),
                        r"edited.pt: weights lack 'text_pos_emb.weight'"),
 }

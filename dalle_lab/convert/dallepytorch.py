@@ -143,10 +143,14 @@ def image_grid(weights: dict, h: dict, path) -> tuple[int, int]:
     rows = _tensor(weights, "to_logits.1.weight", path).shape[0]
     num_image_tokens = rows - h["num_text_tokens"] - h["text_seq_len"]
     if h["rotary_emb"]:
-        cells = _tensor(weights, "transformer.pos_emb", path).shape[-2] - h["text_seq_len"] - 1
-        side = round(cells ** 0.5)
-        if side * side != cells:
-            raise ConversionError(f"{path}: transformer.pos_emb has {cells} image positions, not a square grid")
+        positions = _tensor(weights, "transformer.pos_emb", path).shape[-2]
+        cells = positions - h["text_seq_len"] - 1  # its rows: <bos> + the text, then the image grid
+        side = round(max(cells, 0) ** 0.5)
+        if cells < 1 or side * side != cells:
+            raise ConversionError(f"{path}: transformer.pos_emb has {positions} positions, leaving {cells} for the "
+                                  f"image after hparams text_seq_len {h['text_seq_len']} + 1, not a square grid: "
+                                  "hparams text_seq_len does not match the weights; set it back to the value the "
+                                  "model was trained with")
     else:
         side = _tensor(weights, "image_pos_emb.weights_0", path).shape[1]
     if num_image_tokens < 1:
