@@ -171,12 +171,13 @@ def image_tokenizer(ckpt: dict, sources: Sources, path):
 
 
 def _check_given(path, files: dict, what: str) -> None:
-    """Each --flag file exists and is a torch file (those in `torch_files`), else one line naming it."""
+    """files: {flag: (file, whether it must be a torch file)}; each must exist (and be one), else one line naming it."""
     for flag, (file, torch_file) in files.items():
         if not Path(file).is_file():
             raise ConversionError(f"{path}: {flag} {file} does not exist: pass {what}")
         if torch_file and not _looks_like_torch_file(Path(file)):
-            raise ConversionError(f"{path}: {flag} {file} is not a torch file (torch.save's zip or pickle): pass {what}")
+            raise ConversionError(f"{path}: {flag} {file} is not a torch file (torch.save's zip or pickle): "
+                                  f"pass {what}")
 
 
 def _vqgan(sources: Sources, path) -> VQGanVAE:
