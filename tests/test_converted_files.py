@@ -68,3 +68,20 @@ def test_generate_turns_guidance_off_for_a_model_that_never_saw_dropped_captions
     scales = [json.loads((tmp_path / d / "manifest.jsonl").read_text().splitlines()[0])["cond_scale"]
               for d in ("off", "on")]
     assert scales == [1.0, 3.0]
+
+
+def test_discrete_vae_save_round_trips_every_constructor_setting(tmp_path):
+    """DiscreteVAE.save (DALLE-pytorch's VAE file) keeps normalization and the training settings, not only the
+    shapes: a VAE read back encodes and trains as the one saved."""
+    import inspect
+
+    from dalle_lab.vae.discrete import DiscreteVAE, load_discrete_vae
+
+    settings = dict(normalization=((0.4, 0.45, 0.5), (0.2, 0.25, 0.3)), temperature=0.7, straight_through=True,
+                    reinmax=True, kl_div_loss_weight=0.3, smooth_l1_loss=True)
+    vae = DiscreteVAE(image_size=16, num_tokens=20, codebook_dim=8, num_layers=2, hidden_dim=6, **settings)
+    back = load_discrete_vae(vae.save(tmp_path / "vae.pt"))
+    assert back.hparams() == vae.hparams() and set(vae.hparams()) == set(inspect.signature(DiscreteVAE).parameters)
+    images = torch.rand(2, 3, 16, 16, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert torch.equal(back.get_codebook_indices(images), vae.get_codebook_indices(images))

@@ -25,7 +25,7 @@ from dalle_lab.model import DALLE, DALLEConfig
 from dalle_lab.tokenizers.dallepytorch import SIMPLE_VOCAB_SIZE, dallepytorch_tokenizer
 from dalle_lab.training.checkpoint import load_model_state, make_checkpoint, model_state_without_vae, save_checkpoint
 from dalle_lab.training.errors import CheckpointError
-from dalle_lab.utils import atomic_torch_save, file_sha256
+from dalle_lab.utils import file_sha256
 from dalle_lab.vae import taming_format
 from dalle_lab.vae.discrete import DiscreteVAE
 from dalle_lab.vae.openai import OpenAIDiscreteVAE
@@ -253,19 +253,6 @@ def vae_file_for(out_path: str | os.PathLike) -> Path:
     return out_path.with_name(out_path.stem + ".vae.pt")
 
 
-# What DiscreteVAE.hparams() leaves out but encode/decode (normalization) or training (the rest) depend on
-_VAE_BEHAVIOUR = ("normalization", "temperature", "straight_through", "reinmax", "kl_div_loss_weight", "smooth_l1_loss")
-
-
-def save_discrete_vae(vae: DiscreteVAE, path) -> Path:
-    """Write DALLE-pytorch's VAE file ({"hparams", "weights"}) with every constructor argument, so loading it
-    rebuilds the VAE the conversion used (vae.save() keeps only the shape arguments); the vae then records it."""
-    hparams = {**vae.hparams(), **{name: getattr(vae, name) for name in _VAE_BEHAVIOUR}}
-    path = atomic_torch_save({"hparams": hparams, "weights": vae.state_dict()}, path)
-    vae.path, vae._sha256 = Path(path), None  # what vae.save() sets: `identity` then names this file
-    return vae.path
-
-
 def _same_file(a, b) -> bool:
     """Whether two spellings name one file: symlinks and `..` resolved, hard links compared by inode."""
     a, b = Path(a), Path(b)
@@ -298,7 +285,7 @@ def convert_file(in_path, out_path, sources: Sources | None = None, vae_out=None
         _refuse_overwriting(in_path, vae_path, "the VAE file (--vae_out)")
         if _same_file(out_path, vae_path):
             raise ConversionError(f"--vae_out {vae_path} is OUT itself: the DALLE and its VAE need two files")
-        _write(lambda target: save_discrete_vae(converted.vae, target), vae_path)
+        _write(converted.vae.save, vae_path)
     ckpt = make_checkpoint(config=converted.model.config.to_dict(), tokenizer_identity=converted.tokenizer.identity,
                            vae_identity=converted.vae.identity, model=model_state_without_vae(converted.model),
                            converted_from={"format": "dalle-pytorch", **converted.source})

@@ -98,11 +98,16 @@ class DiscreteVAE(nn.Module):
         return {"kind": KIND, "path": str(self.path.resolve()), "sha256": self._sha256}
 
     def hparams(self) -> dict:
-        """The constructor arguments DALLE-pytorch's train_vae.py records (and `load_discrete_vae` reads)."""
+        """Every constructor argument (`load_discrete_vae` reads them back): the shapes DALLE-pytorch's train_vae.py
+        records, and the settings encoding (normalization) and training (the rest) depend on, which it took from
+        its command line instead."""
         return dict(image_size=self.image_size, num_layers=self.num_layers, num_tokens=self.num_tokens,
                     channels=self.channels, codebook_dim=self.codebook.embedding_dim,
                     hidden_dim=self.encoder[0][0].out_channels,
-                    num_resnet_blocks=sum(isinstance(m, ResBlock) for m in self.encoder))
+                    num_resnet_blocks=sum(isinstance(m, ResBlock) for m in self.encoder),
+                    normalization=self.normalization, temperature=self.temperature,
+                    straight_through=self.straight_through, reinmax=self.reinmax,
+                    kl_div_loss_weight=self.kl_div_loss_weight, smooth_l1_loss=self.smooth_l1_loss)
 
     def save(self, path: str | os.PathLike) -> Path:
         """Write DALLE-pytorch's VAE file ({"hparams", "weights"}), atomically; the vae then records this file."""
