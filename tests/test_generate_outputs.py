@@ -56,7 +56,16 @@ def test_two_captions_that_share_a_folder_are_refused_before_sampling(tiny_dalle
     assert run(tiny_dalle_checkpoint, out, text="a red circle|a red  circle") == 1
     err = capsys.readouterr().err
     assert "'a red circle' and 'a red  circle' would both write to" in err and "give each caption once" in err
+    assert run(tiny_dalle_checkpoint, out, text="A Red Circle|a red circle") == 1  # one folder where case is ignored
+    assert "'A Red Circle' and 'a red circle' would both write to" in capsys.readouterr().err
     assert not out.exists()
+
+
+def test_empty_entries_of_text_are_left_out_with_a_note(tiny_dalle_checkpoint, tmp_path, capsys):
+    out = tmp_path / "outputs"
+    assert run(tiny_dalle_checkpoint, out, text="a red circle||") == 0
+    assert "2 empty caption(s) in --text left out" in capsys.readouterr().err
+    assert sorted(p.name for p in out.iterdir() if p.is_dir()) == ["a_red_circle"]
 
 
 def test_the_progress_bar_counts_captions_and_is_off_without_a_terminal(tiny_dalle_checkpoint, tmp_path, capsys,

@@ -73,10 +73,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
-    captions = [c.strip() for c in args.text.split("|") if c.strip()]
+    entries = [c.strip() for c in args.text.split("|")]
+    captions = [c for c in entries if c]
     if not captions:
         print("generate.py: error: --text holds no caption", file=sys.stderr)
         return 2
+    if len(captions) < len(entries):  # "a|" or "a||b": an empty entry is not an (unconditional) caption here
+        print(f"generate.py: note: {len(entries) - len(captions)} empty caption(s) in --text left out",
+              file=sys.stderr)
     if args.num_images < 1 or args.batch_size < 1:
         print("generate.py: error: --num_images and --batch_size must be at least 1", file=sys.stderr)
         return 2

@@ -17,6 +17,7 @@ import dataclasses
 import sys
 from pathlib import Path
 
+from dalle_lab.cli import generate_command
 from dalle_lab.training.cli import build_train_parser, config_from_args, epochs_end_the_run, given_flags
 from dalle_lab.training.dallepytorch_flags import apply_train_flags
 
@@ -53,8 +54,9 @@ def main(argv=None) -> int:
 
     if result.checkpoint_path and env_dist_info().is_main:
         print(f"checkpoint: {result.checkpoint_path}")
-        caption = "a caption like your data's" if cfg.image_text_folder else "a red circle"
-        print(f"generate:   python generate.py --dalle_path {result.checkpoint_path} --text \"{caption}\"")
+        caption = ("a red circle" if not cfg.image_text_folder and cfg.dataset == "shapes" else
+                   "a caption like your data's")
+        print(f"generate:   {generate_command()} --dalle_path {result.checkpoint_path} --text \"{caption}\"")
     return 130 if result.stopped_because == "interrupted" else 0  # 128 + SIGINT, as shells report an interrupt
 
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from dalle_lab.cli import generate_command
+
 from .convert import ConversionError, Sources, convert_file
 
 
@@ -39,7 +41,7 @@ def main(argv=None) -> int:
     except ConversionError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    print(f"wrote {out} (a dalle_lab checkpoint of {args.input}); try: python generate.py --dalle_path {out} "
+    print(f"wrote {out} (a dalle_lab checkpoint of {args.input}); try: {generate_command()} --dalle_path {out} "
           "--text 'your caption'")
     return 0
 

@@ -79,12 +79,13 @@ def claim_caption_folders(outputs_dir: str | os.PathLike, captions, overwrite: b
     naming it) is refused - or, with `overwrite`, emptied first of its images, attention maps and manifest lines."""
     outputs_dir = Path(outputs_dir)
     owners: dict[str, str] = {}
+    folded: dict[str, str] = {}  # folder names that differ only in case are one folder on macOS and Windows
     for caption in captions:
         name = caption_dirname(caption)
-        if name in owners:
-            raise ValueError(f"the captions {owners[name]!r} and {caption!r} would both write to {outputs_dir / name}: "
-                             "give each caption once")
-        owners[name] = caption
+        if name.casefold() in folded:
+            raise ValueError(f"the captions {folded[name.casefold()]!r} and {caption!r} would both write to "
+                             f"{outputs_dir / name} (folder names are compared ignoring case): give each caption once")
+        owners[name] = folded[name.casefold()] = caption
     manifest = outputs_dir / "manifest.jsonl"
     lines = manifest.read_text(encoding="utf-8").splitlines(keepends=True) if manifest.is_file() else []
     listed = {_record_folder(line) for line in lines}

@@ -112,7 +112,8 @@ class TextTokenizer:
                     raise ValueError(
                         f"caption {shorten(text)} is {len(ids)} tokens long but the text context holds "
                         f"{context_length}: pass --truncate_captions (truncate_text=True) to keep its first "
-                        f"{context_length} tokens, or use a larger --text_seq_len"
+                        f"{context_length} tokens, or shorten it (a trained model's text context is fixed; for a new "
+                        "model, train_dalle.py --text_seq_len sets it)"
                     )
                 ids = ids[:context_length]
             if ids:
