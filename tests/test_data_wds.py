@@ -7,7 +7,7 @@ import torch
 import webdataset as wds
 from PIL import Image
 
-from dalle_lab.data.wds import webdataset_dataset, webdataset_loader
+from dalle_lab.data.wds import expand_urls, webdataset_dataset, webdataset_loader
 
 
 def png_bytes(color):
@@ -65,3 +65,23 @@ def test_bad_samples_are_skipped_with_a_warning(tmp_path, caplog):
     assert [caption for _, caption in items] == ["fine"]
     for key in ("nocaption", "empty", "corrupt"):
         assert key in caplog.text
+
+
+def test_a_directory_means_its_tar_shards_sorted(shards, tmp_path):
+    """DALLE-pytorch took a directory of shards; webdataset itself would open the directory as a file."""
+    (tmp_path / "notes.txt").write_text("not a shard")
+    assert expand_urls(str(tmp_path)) == sorted(shards)
+    captions = sorted(caption for _, caption in webdataset_dataset(str(tmp_path), image_size=8, rank=0, world_size=1))
+    assert captions == [f"caption {i}" for i in range(6)]
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(ValueError, match=f"^{empty} holds no .tar shards"):
+        expand_urls(str(empty))
+
+
+def test_a_missing_shard_is_named_up_front_the_first_one(shards, tmp_path):
+    with pytest.raises(FileNotFoundError, match=r"shard \S*nope/000.tar does not exist \(2 of the 2"):
+        expand_urls(str(tmp_path / "nope" / "{000..001}.tar"))
+    with pytest.raises(FileNotFoundError, match=r"shard \S*shard-000002.tar does not exist: check"):
+        webdataset_dataset(str(tmp_path / "shard-{000000..000002}.tar"), rank=0, world_size=1)
+    assert expand_urls(["http://example.com/a.tar", "pipe:cat x.tar"]) == ["http://example.com/a.tar", "pipe:cat x.tar"]

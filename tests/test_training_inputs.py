@@ -94,9 +94,28 @@ def test_long_captions_in_shards_are_named_or_skipped(tmp_path, caplog):
     kept = [c for _, c in webdataset_dataset([path], image_size=8, rank=0, world_size=1,
                                             long_captions=LongCaptionCheck(tokenizer, 8, "skip"))]
     assert kept == ["a red circle"] and "long: caption of" in caplog.text
-    with pytest.raises(ValueError, match=r"shard sample .*shard.tar:long: caption .* text_seq_len is 8"):
+    with pytest.raises(ValueError, match=r"shard sample .*shard.tar:long: caption .* text_seq_len is 8") as error:
         list(webdataset_dataset([path], image_size=8, rank=0, world_size=1,
                                 long_captions=LongCaptionCheck(tokenizer, 8, "error")))
+    # shards are a stream: --text_seq_len auto is refused for them, so the advice must not offer it
+    assert "--skip_long_captions" in str(error.value) and "auto" not in str(error.value)
+
+
+def test_shard_paths_are_checked_before_anything_is_built(tmp_path):
+    """A missing shard is named (the first one) and a .tar without --wds says to add it, both from the flags
+    alone, before a tokenizer or model exists."""
+    from dalle_lab.training.config import TrainConfig
+    from dalle_lab.training.sources import check_data_flags
+
+    pattern = str(tmp_path / "nope" / "{000..001}.tar")
+    with pytest.raises(FileNotFoundError, match=r"nope/000.tar does not exist"):
+        check_data_flags(TrainConfig(image_text_folder=pattern, wds="png,txt"))
+    shard = tmp_path / "000.tar"
+    shard.write_bytes(b"")
+    for given in (str(shard), str(tmp_path / "{000..001}.tar")):
+        with pytest.raises(ValueError, match=r"names WebDataset shards, not a folder: add --wds"):
+            check_data_flags(TrainConfig(image_text_folder=given))
+    check_data_flags(TrainConfig(image_text_folder=str(tmp_path), wds="png,txt"))  # a folder of shards is fine
 
 
 def test_training_counts_unknown_words_per_caption_file(tiny_vqgan, tmp_path, capsys):

@@ -15,9 +15,11 @@ from __future__ import annotations
 
 import io
 import logging
+import os
 import random
 from functools import partial
 from itertools import islice
+from pathlib import Path
 from typing import Iterator, Sequence
 
 from ..extras import needs_extra
@@ -42,13 +44,43 @@ def distributed_rank() -> tuple[int, int]:
 
 
 def expand_urls(urls) -> list[str]:
-    """Shard paths from a brace pattern ("data/shard-{000..099}.tar") or a list."""
+    """Shard paths from a brace pattern ("data/shard-{000..099}.tar"), a directory (its *.tar files, sorted, as
+    DALLE-pytorch read one) or a list. Every local shard is checked to exist here, so a typo is one line naming
+    the first missing shard before anything is built, not an error from a worker mid-epoch."""
     with needs_extra("data", "reading WebDataset shards"):
         import webdataset as wds
 
-    if isinstance(urls, str):
-        return list(wds.shardlists.expand_urls(urls))
-    return [str(url) for url in urls]
+    if isinstance(urls, (str, os.PathLike)) and Path(urls).expanduser().is_dir():
+        return shards_in_directory(Path(urls).expanduser())
+    if isinstance(urls, (str, os.PathLike)):
+        shards = list(wds.shardlists.expand_urls(str(urls)))
+    else:
+        shards = [str(url) for url in urls]
+    check_shards_exist(shards, urls)
+    return shards
+
+
+def shards_in_directory(directory: Path) -> list[str]:
+    """The directory's *.tar shards, sorted by name (every rank deals out the same order)."""
+    shards = sorted(str(path) for path in directory.glob("*.tar") if path.is_file())
+    if not shards:
+        raise ValueError(f"{directory} holds no .tar shards: put the WebDataset shards there, or give their paths "
+                         "or a brace pattern, e.g. 'shards/data-{000..009}.tar'")
+    return shards
+
+
+def _is_local(url: str) -> bool:
+    # webdataset also opens URLs (http://, s3://, ...) and commands (pipe:...): those cannot be checked up front
+    return "://" not in url and not url.startswith("pipe:")
+
+
+def check_shards_exist(shards: Sequence[str], given) -> None:
+    """A FileNotFoundError naming the first local shard that is not a file, and how many of them are missing."""
+    missing = [url for url in shards if _is_local(url) and not Path(url.removeprefix("file:")).expanduser().is_file()]
+    if missing:
+        more = f" ({len(missing)} of the {len(shards)} shards are missing)" if len(missing) > 1 else ""
+        raise FileNotFoundError(f"WebDataset shard {missing[0]} does not exist{more}: check the path or brace "
+                                f"pattern {given if isinstance(given, str) else missing[0]!s}")
 
 
 def shard_samples(url: str) -> Iterator[dict]:

@@ -31,11 +31,14 @@ def long_caption_mode(truncate: bool, skip: bool) -> str:
 
 
 def too_long_message(where: str, caption: str, tokens: int, text_seq_len: int, tokenizer=None,
-                     more: str = "", every: int = 0) -> str:
+                     more: str = "", every: int = 0, measurable: bool = True) -> str:
     """One line for a caption longer than text_seq_len. When the vocabulary does not know some of its words (it
     spells them letter by letter, so the caption is long because the vocabulary is wrong), it says that instead
     of suggesting truncation, which would cut the caption to a few letters. `every`: the number of captions when
-    all of them are too long (then the context is too short for this data: cutting or skipping cannot help)."""
+    all of them are too long (then the context is too short for this data: cutting or skipping cannot help).
+    `measurable`: whether --text_seq_len auto can measure this data (not shards, read as a stream), so it is
+    suggested only where it works."""
+    auto = " (--text_seq_len auto measures your captions)" if measurable else ""
     words = unknown_words(tokenizer, caption, known_words_of(tokenizer)) if tokenizer is not None else []
     # the pieces the unknown words are spelt in beyond one token each: without them, would the caption fit?
     spelt_out = sum(len(tokenizer.encode(word)) - 1 for word in words)
@@ -48,11 +51,10 @@ def too_long_message(where: str, caption: str, tokens: int, text_seq_len: int, t
                 f"cutting the captions")
     if every:
         return (f"every one of the {every} captions is longer than text_seq_len {text_seq_len}; the longest is "
-                f"{where}: {shorten(caption)}, {tokens} tokens: pass --text_seq_len {tokens} (or --text_seq_len auto, "
-                f"which measures your captions)")
+                f"{where}: {shorten(caption)}, {tokens} tokens: pass --text_seq_len {tokens}{auto}")
     return (f"{where}: caption {shorten(caption)} is {tokens} tokens long but text_seq_len is {text_seq_len}{more}: "
             f"pass --truncate_captions to cut such captions, --skip_long_captions to leave them out, or a larger "
-            f"--text_seq_len (--text_seq_len auto measures your captions)")
+            f"--text_seq_len{auto}")
 
 
 class LongCaptionCheck:
@@ -73,7 +75,7 @@ class LongCaptionCheck:
                            self.text_seq_len)
             return False
         raise ValueError(too_long_message(f"shard sample {where}", caption, tokens, self.text_seq_len,
-                                          self.tokenizer))
+                                          self.tokenizer, measurable=False))
 
 
 def check_dataset_captions(dataset, tokenizer, text_seq_len: int, mode: str, say=print):

@@ -10,6 +10,8 @@ the data, and the captions of the sample grids.
 """
 from __future__ import annotations
 
+from pathlib import Path
+
 from dalle_lab.data.builtin import builtin_captions, builtin_dataset, check_builtin
 from dalle_lab.data.folder import TextImageFolder
 from dalle_lab.data.shapes import all_captions
@@ -48,6 +50,19 @@ def check_data_flags(cfg: TrainConfig) -> None:
         # member of any known extension and the txt member by itself, so the value only switches shards on.
         raise ValueError("--wds reads WebDataset shards: give their path(s) or brace pattern as "
                          "--image_text_folder, e.g. --image_text_folder 'shards/data-{000..009}.tar' --wds jpg,txt")
+    if cfg.wds:  # every shard checked now, not by a loader worker once the model is built
+        from dalle_lab.data.wds import expand_urls
+
+        expand_urls(cfg.image_text_folder)
+    elif cfg.image_text_folder and _names_shards(cfg.image_text_folder):
+        raise ValueError(f"--image_text_folder {cfg.image_text_folder} names WebDataset shards, not a folder: add "
+                         "--wds with the image and caption keys, e.g. --wds png,txt")
+
+
+def _names_shards(path: str) -> bool:
+    """A .tar file or a brace pattern of them: what --wds reads (a folder of .tar files without --wds stays a
+    folder, so its own error says it holds no images)."""
+    return path.endswith(".tar") and (Path(path).expanduser().is_file() or "{" in path)
 
 
 def open_dataset(cfg: TrainConfig, image_size: int, say):
