@@ -101,6 +101,25 @@ def test_train_then_generate_end_to_end(tiny_vqgan, tmp_path, capsys):
     assert "tokens long" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("flags, message", [
+    (["--batch_size", "0"], "--batch_size must be at least 1, got 0"),
+    (["--epochs", "0"], "--epochs must be at least 1, got 0"),
+    (["--epochs", "-1"], "--epochs must be at least 1, got -1"),
+    (["--max_steps", "0"], "--max_steps must be at least 1, got 0"),
+    (["--ga_steps", "0"], "--ga_steps must be at least 1, got 0"),
+    (["--log_every_n_steps", "0"], "--log_every_n_steps must be at least 1, got 0"),
+])
+def test_a_zero_batch_or_budget_is_a_one_line_usage_error_before_anything_is_built(tmp_path, capsys, flags,
+                                                                                   message):
+    """A zero batch divided by zero in the batches; a zero budget wrote an untrained checkpoint as if trained."""
+    out = tmp_path / "run"
+    # the flag under test last, so it wins; --max_steps 1 keeps a regression from training for long
+    assert script_main("train_dalle.py", *TINY_FLAGS, "--max_steps", "1", *flags, "--output_dir", out) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"train_dalle.py: error: {message}")
+    assert len(err.strip().splitlines()) == 1 and not out.exists()
+
+
 def test_generate_reports_missing_and_foreign_checkpoints(tmp_path, capsys):
     assert generate_main("--dalle_path", tmp_path / "nope.pt", "--text", "a red circle") == 1
     assert "does not exist" in capsys.readouterr().err

@@ -18,7 +18,8 @@ import sys
 from pathlib import Path
 
 from dalle_lab.cli import generate_command
-from dalle_lab.training.cli import build_train_parser, config_from_args, epochs_end_the_run, given_flags
+from dalle_lab.training.cli import (build_train_parser, check_counts, config_from_args, epochs_end_the_run,
+                                    given_flags)
 from dalle_lab.training.dallepytorch_flags import apply_train_flags
 
 PROG = "train_dalle.py"
@@ -30,6 +31,7 @@ def main(argv=None) -> int:
     try:  # DALLE-pytorch's own flags (--fp16, --reversible, ...): translated with a note, or refused in one line
         for note in apply_train_flags(args):
             print(f"{PROG}: note: {note}", file=sys.stderr)
+        check_counts(args)  # before anything is loaded: a zero batch or budget is a typo, not a run
         if args.resume and args.overwrite:
             raise ValueError("--resume continues a run and --overwrite replaces the one --output_dir holds: give one")
     except ValueError as err:  # FlagError, or a --device that is not here

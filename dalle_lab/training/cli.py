@@ -187,6 +187,31 @@ def build_train_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# counts a value below which is a mistake, not a setting: (dest, smallest value, what to do instead). 0 means "off"
+# only where the help says so (save/sample intervals, keep_n_checkpoints, clip_grad_norm); a zero batch would
+# divide by zero in the batches, and a zero budget would write an untrained checkpoint as if it had trained.
+AT_LEAST = (
+    ("batch_size", 1, ""), ("ga_steps", 1, ""),
+    ("epochs", 1, " (leave --epochs out to train for --max_steps)"),
+    ("max_steps", 1, " (leave --max_steps out to train for --epochs or --max_minutes)"),
+    ("log_every_n_steps", 1, ""), ("num_workers", 0, ""), ("warmup_steps", 0, ""),
+    ("save_every_n_steps", 0, " (0: only at the end)"), ("sample_every_n_steps", 0, " (0: never)"),
+    ("keep_n_checkpoints", 0, " (0: keep all)"), ("max_nonfinite", 1, ""),
+    ("dim", 1, ""), ("depth", 1, ""), ("heads", 1, ""), ("dim_head", 1, ""),
+    ("text_seq_len", 1, " (or auto, which measures your captions)"),
+)
+
+
+def check_counts(args) -> None:
+    """A ValueError naming the first count flag out of range and its smallest value (a namespace or a config:
+    anything with the attributes; None and "auto" are left to the data)."""
+    for name, least, hint in AT_LEAST:
+        value = getattr(args, name, None)
+        if isinstance(value, int) and not isinstance(value, bool) and value < least:
+            flag = FLAG_NAMES.get(name, (f"--{name}",))[0]
+            raise ValueError(f"{flag} must be at least {least}, got {value}{hint}")
+
+
 def given_flags(argv) -> set[str]:
     """The settings (dest names) a command line gives explicitly, as opposed to taking their defaults."""
     parser = build_train_parser()
