@@ -134,3 +134,47 @@ def test_emoji_recipe_rebuilds_the_shipped_vocabulary_from_training_names_only(t
     names = EmojiDataset("val").names[::10]
     assert [len(ids) for ids in rebuilt.encode_batch(names)] == [len(ids) for ids in shipped.encode_batch(names)]
     assert 1 not in shipped.encode("woman firefighter medium skin tone")  # known words, never unk
+
+
+def test_a_folder_without_usable_pairs_says_why_naming_the_folder(tmp_path, capsys):
+    """The same message training gives for the folder (--bpe_path auto reads it the same way), not a bare
+    'no non-empty captions found in the given captions'."""
+    from PIL import Image
+
+    folder = tmp_path / "nocap"
+    folder.mkdir()
+    for name in ("001.png", "004.jpg"):
+        Image.new("RGB", (8, 8), (200, 0, 0)).save(folder / name)
+    (folder / "orphan.txt").write_text("a caption without its image\n")
+    assert train_main(["--input", str(folder), "--vocab_size", "50", "--output", str(tmp_path / "x.model")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"python -m dalle_lab.tokenizers.train: error: no usable image-caption pairs in {folder} (")
+    assert "001.png, 004.jpg" in err and "same-name .txt" in err and len(err.splitlines()) == 1
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert train_main(["--input", str(empty), "--vocab_size", "50", "--output", str(tmp_path / "x.model")]) == 2
+    assert f"image-text folder {empty} holds no images" in capsys.readouterr().err
+
+
+def test_a_shard_is_read_for_its_samples_captions(tmp_path, capsys):
+    import io
+
+    import webdataset as wds
+    from PIL import Image
+
+    png = io.BytesIO()
+    Image.new("RGB", (8, 8), (200, 0, 0)).save(png, "png")
+    shard = tmp_path / "000.tar"
+    with wds.TarWriter(str(shard)) as sink:
+        sink.write({"__key__": "a", "png": png.getvalue(), "txt": "xylophone quartet\nzebra crossing\n".encode()})
+        sink.write({"__key__": "b", "txt": b"no image: not a training sample"})
+    from dalle_lab.tokenizers.vocab import collect_captions
+
+    assert collect_captions(shard) == ["xylophone quartet", "zebra crossing"]
+    assert train_main(["--input", str(shard), "--vocab_size", "60", "--output", str(tmp_path / "v.model")]) == 0
+    assert "2 captions" in capsys.readouterr().out
+    bad = tmp_path / "bad.tar"
+    with wds.TarWriter(str(bad)) as sink:
+        sink.write({"__key__": "c", "png": png.getvalue(), "txt": "caf\xe9".encode("latin1")})
+    assert train_main(["--input", str(bad), "--vocab_size", "60", "--output", str(tmp_path / "w.model")]) == 2
+    assert "bad.tar:c.txt is not UTF-8" in capsys.readouterr().err

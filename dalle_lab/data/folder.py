@@ -278,18 +278,24 @@ class TextImageFolder(CaptionLines, Dataset):
 
 def iter_folder_captions(root) -> Iterator[str]:
     """Every non-blank caption line of every image's caption file under root (for training a vocabulary).
-    A caption file that is not UTF-8 raises ValueError naming it."""
+    A caption file that is not UTF-8 raises ValueError naming it; a folder with no image that has a caption line
+    raises the ValueError training would (naming the folder and what it found), not a bare "no captions"."""
     root = _check_root(root)
     images, texts = _scan(root)
     seen = set()  # photo.png and photo.jpg share photo.txt: read it once
+    found = False
     for image in images:
         caption_file = texts.get(image.with_suffix(""))
         if caption_file is not None and caption_file not in seen:
             seen.add(caption_file)
             try:
-                yield from read_caption_file(caption_file)[0]
+                lines = read_caption_file(caption_file)[0]
+                found = found or bool(lines)
+                yield from lines
             except UnicodeDecodeError as error:
                 raise CaptionEncodingError(
                     f"caption file {caption_file} is not UTF-8 text ({error.reason} at byte {error.start}): convert "
                     f"it, e.g. iconv -f latin1 -t utf-8 {caption_file} > tmp.txt && mv tmp.txt {caption_file}"
                 ) from error
+    if not found:  # indexing the folder says why none is usable (images without captions, no images, ...)
+        TextImageFolder(root, warn=False)

@@ -91,6 +91,37 @@ def shard_samples(url: str) -> Iterator[dict]:
     return iter(wds.WebDataset([url], shardshuffle=False, nodesplitter=None, empty_check=False))
 
 
+def shard_captions(path) -> Iterator[str]:
+    """Every non-blank caption line of a shard's samples that have an image and a txt (what training reads), in
+    file order, for training a vocabulary. Read with tarfile, so it needs no webdataset; a txt that is not UTF-8
+    raises a ValueError naming the shard and member (training would read it with replacement characters)."""
+    import tarfile
+
+    with tarfile.open(path) as shard:
+        members = [m for m in shard.getmembers() if m.isfile()]
+        # webdataset's key: the member's path up to the first dot of its file name
+        keys_with_image = {_sample_key(m.name) for m in members if _extension(m.name) in _IMAGE_KEYS}
+        for member in members:
+            if _extension(member.name) != "txt" or _sample_key(member.name) not in keys_with_image:
+                continue
+            try:
+                text = shard.extractfile(member).read().decode("utf-8-sig")
+            except UnicodeDecodeError as error:
+                raise ValueError(f"{path}:{member.name} is not UTF-8 text ({error.reason} at byte {error.start}): "
+                                 "write the shard's captions as UTF-8") from error
+            yield from (line.strip() for line in text.splitlines() if line.strip())
+
+
+def _sample_key(name: str) -> str:
+    directory, _, base = name.rpartition("/")
+    return f"{directory}/{base.split('.', 1)[0]}"
+
+
+def _extension(name: str) -> str:
+    base = name.rpartition("/")[2]
+    return base.split(".", 1)[1].lower() if "." in base else ""
+
+
 def _split_by_rank(shards: Iterator[dict], rank: int, world_size: int) -> Iterator[dict]:
     return islice(shards, rank, None, world_size)
 

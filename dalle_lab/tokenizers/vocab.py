@@ -32,8 +32,8 @@ SHAPES_VOCAB_SIZE = 256
 
 
 def read_captions(source: Source) -> Iterator[str]:
-    """Caption lines from a text file (one caption a line) or from an image-text folder (every line of every
-    image's .txt, via dalle_lab.data.iter_folder_captions)."""
+    """Caption lines from a text file (one caption a line), an image-text folder (every line of every image's .txt,
+    via dalle_lab.data.iter_folder_captions) or a WebDataset shard (.tar: the txt of every sample with an image)."""
     path = Path(source).expanduser()
     if path.is_dir():
         try:
@@ -44,6 +44,10 @@ def read_captions(source: Source) -> Iterator[str]:
                 f"installation lacks ({error}); export the captions to a text file (one a line) and pass that"
             ) from error
         yield from iter_folder_captions(path)
+    elif path.is_file() and path.suffix.lower() == ".tar":  # a WebDataset shard: its samples' captions
+        from dalle_lab.data.wds import shard_captions
+
+        yield from shard_captions(path)
     elif path.is_file():
         with open(path, encoding="utf-8") as handle:
             try:
