@@ -153,3 +153,16 @@ def test_a_checkpoint_whose_config_and_weights_disagree_is_a_one_line_error(tiny
     message = str(err.value)
     assert message.startswith(f"{bad}: its config and its weights disagree") and "\n" not in message
     assert "dim=48" in message and "32" in message
+
+
+def test_one_vqgan_file_on_own_data_asks_for_both_not_neither(tmp_path):
+    """"Neither" means the built-in data's image tokenizer, which cannot draw a user's images."""
+    from dalle_lab.training.config import TrainConfig
+    from dalle_lab.training.sources import check_data_flags
+
+    folder = str(tmp_path)
+    with pytest.raises(ValueError, match=r"^--vqgan_model_path needs --vqgan_config_path \(.yaml\) too: give both") as e:
+        check_data_flags(TrainConfig(image_text_folder=folder, vqgan_model_path="vqgan.ckpt"))
+    assert "neither" not in str(e.value)
+    with pytest.raises(ValueError, match=r"^--vqgan_config_path needs --vqgan_model_path \(.ckpt\) too: give both"):
+        check_data_flags(TrainConfig(image_text_folder=folder, vqgan_config_path="vqgan.yaml"))

@@ -50,6 +50,13 @@ def check_data_flags(cfg: TrainConfig) -> None:
         # member of any known extension and the txt member by itself, so the value only switches shards on.
         raise ValueError("--wds reads WebDataset shards: give their path(s) or brace pattern as "
                          "--image_text_folder, e.g. --image_text_folder 'shards/data-{000..009}.tar' --wds jpg,txt")
+    if cfg.image_text_folder and (cfg.vqgan_model_path is None) != (cfg.vqgan_config_path is None):
+        # said here: the image tokenizer's own check would offer "neither", the built-in data's default, which
+        # cannot draw a user's images
+        given, missing = (("--vqgan_model_path", "--vqgan_config_path (.yaml)") if cfg.vqgan_model_path
+                          else ("--vqgan_config_path", "--vqgan_model_path (.ckpt)"))
+        raise ValueError(f"{given} needs {missing} too: give both (train_vae.py writes vqgan.ckpt and vqgan.yaml "
+                         "side by side in its --output_dir)")
     if cfg.wds:  # every shard checked now, not by a loader worker once the model is built
         from dalle_lab.data.wds import expand_urls
 
