@@ -181,3 +181,13 @@ def test_grayscale_16bit_palette_and_transparent_pngs_load_as_their_colours(tmp_
 def test_iter_folder_captions_yields_every_line_once(folder):
     captions = list(iter_folder_captions(folder))
     assert sorted(captions) == sorted(["a red cat", "a crimson cat", "a blue dog", "a broken picture"])
+
+
+def test_macos_resource_forks_are_not_images_without_captions(tmp_path):
+    """"._002.png" (AppleDouble metadata a Mac leaves on other disks) is not an image of the data."""
+    Image.new("RGB", (8, 8), (200, 0, 0)).save(tmp_path / "002.png")
+    (tmp_path / "002.txt").write_text("a red square\n")
+    (tmp_path / "._002.png").write_bytes(b"\x00\x05\x16\x07")
+    (tmp_path / "._002.txt").write_bytes(b"\x00\x05\x16\x07")
+    folder = TextImageFolder(tmp_path, image_size=8)
+    assert folder.keys == ["002.png"] and not folder.report.problems()

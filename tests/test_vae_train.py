@@ -166,7 +166,7 @@ def test_train_vae_command_on_a_folder_prints_held_out_psnr_speed_and_the_flags(
     (["--data", "photos", "--image_size", "50"], "--image_size 50 is impossible with --ch_mult 1 2 2: it downsamples "
                                                  "4x, so the size must be a multiple of 4"),
     (["--data", "photos", "--image_size", "4"], "--image_size 4 is impossible"),
-    (["--data", "broken"], "no usable image-caption pairs in"),
+    (["--data", "broken"], "none of the 3 images in"),
 ])
 def test_train_vae_command_mistakes_are_one_line(tmp_path, capsys, monkeypatch, flags, message):
     import train_vae
@@ -181,3 +181,27 @@ def test_train_vae_command_mistakes_are_one_line(tmp_path, capsys, monkeypatch, 
     err = capsys.readouterr().err
     assert err.startswith("train_vae.py: error: ") and message in err and err.count("\n") == 1, err
     assert not (tmp_path / "out").exists()  # nothing written for a run that cannot start
+
+
+def test_a_folder_trains_on_every_image_captions_or_not(tmp_path):
+    """A tokenizer never reads captions: images without a .txt are trained on, not left out (and a folder with
+    none is not refused); --image_folder is DALLE-pytorch's spelling of --data."""
+    import train_vae
+
+    from dalle_lab.vae.train_data import training_data
+
+    folder = _photo_folder(tmp_path / "mixed", n=12)
+    for i in range(0, 12, 2):
+        (folder / f"{i}.txt").unlink()
+    (folder / "._3.png").write_bytes(b"\x00\x05\x16\x07")  # a macOS resource fork: not an image, not counted
+    train, val = training_data(VAETrainConfig(data=str(folder), image_size=8, val_size=512))
+    assert len(train) + len(val) == 12 and len(val) == 1
+    assert train.dataset.report.corrupt_image == []
+    nocap = tmp_path / "nocap"
+    nocap.mkdir()
+    for i in range(2):
+        (folder / f"{2 * i}.png").rename(nocap / f"{i}.png")
+    train, val = training_data(VAETrainConfig(data=str(nocap), image_size=8))
+    assert len(train) == 1 and len(val) == 1
+    args = train_vae.build_parser().parse_args(["--image_folder", str(nocap)])
+    assert args.data == str(nocap)

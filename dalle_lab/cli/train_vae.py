@@ -20,7 +20,9 @@ from dalle_lab.flags import (AMP, LEARNING_RATE, MAX_STEPS, OUTPUT_DIR, PRECISIO
                              resume_flags)
 
 PROG = "train_vae.py"
-FLAG_NAMES = {"out_dir": OUTPUT_DIR, "lr": LEARNING_RATE, "steps": MAX_STEPS, "precision": (PRECISION,)}
+# --image_folder: DALLE-pytorch's train_vae.py name for the data (its other spellings here: --amp, the older names)
+FLAG_NAMES = {"out_dir": OUTPUT_DIR, "lr": LEARNING_RATE, "steps": MAX_STEPS, "precision": (PRECISION,),
+              "data": ("--data", "--image_folder")}
 HELP = {
     "image_size": "image side in pixels (square); a multiple of the downsampling factor",
     "n_embed": "codebook size: the image vocabulary train_dalle.py models",
@@ -28,7 +30,8 @@ HELP = {
     "z_channels": "encoder output channels", "ch": "base channel count (a multiple of 32)",
     "ch_mult": "channel multiplier per resolution; len - 1 halvings (1 2 2: 32 px -> 8x8 tokens)",
     "num_res_blocks": "residual blocks per resolution", "gumbel": "taming's GumbelVQ instead of VQModel",
-    "data": "shapes|emoji (built-in), an image(-text) folder, or WebDataset shards (.tar, brace patterns work)",
+    "data": "shapes|emoji (built-in), a folder of images (every image, captioned or not), or WebDataset shards "
+            "(.tar, brace patterns work)",
     "val_data": "held-out shards (folders and built-in data hold out --val_size images themselves)",
     "val_size": "held-out images for the reconstruction quality", "seed": "random seed",
     "steps": "optimizer steps in all (a resumed run trains up to this count)", "batch_size": "images per step",

@@ -54,6 +54,8 @@ def _scan(root: Path) -> tuple[list[Path], dict[Path, Path]]:
     images, texts = [], {}
     for directory, _, files in os.walk(root, followlinks=True):
         for name in files:
+            if name.startswith("._"):  # macOS AppleDouble metadata ("._photo.png" beside photo.png): not a file of
+                continue               # the data, however it is named
             path = Path(directory, name)
             suffix = path.suffix.lower()
             if suffix in IMAGE_EXTENSIONS:
@@ -77,6 +79,21 @@ def _image_mode(path: Path) -> str:
 
     with Image.open(path) as image:
         return image.mode
+
+
+def _readable(image: Path, key: str, report: FolderReport, verify_images: bool = False) -> bool:
+    """Its header identifies an image PIL can open (and, with verify_images, the whole file decodes); a failure is
+    counted in the report with its first reason, a non-RGB mode counted as converted."""
+    try:
+        mode = _image_mode(image)
+        if verify_images:
+            load_image(image, 8)
+    except Exception as error:  # PIL raises many types for bad files
+        report.corrupt_image.append(key)
+        report.corrupt_reason.setdefault(key, f"{type(error).__name__}: {error}".replace(str(image), key))
+        return False
+    report.count_mode(mode, key)
+    return True
 
 
 class CaptionLines:
@@ -194,17 +211,7 @@ class TextImageFolder(CaptionLines, Dataset):
         return path.relative_to(self.root).as_posix()
 
     def _readable(self, image: Path, key: str, verify_images: bool) -> bool:
-        """Its header identifies an image PIL can open (and, with verify_images, the whole file decodes)."""
-        try:
-            mode = _image_mode(image)
-            if verify_images:
-                load_image(image, 8)
-        except Exception as error:  # PIL raises many types for bad files
-            self.report.corrupt_image.append(key)
-            self.report.corrupt_reason.setdefault(key, f"{type(error).__name__}: {error}".replace(str(image), key))
-            return False
-        self.report.count_mode(mode, key)
-        return True
+        return _readable(image, key, self.report, verify_images)
 
     def _mark_corrupt(self, key: str, error: Exception) -> None:
         if key not in self.report.corrupt_image:
@@ -272,6 +279,63 @@ class TextImageFolder(CaptionLines, Dataset):
             if self.tokenizer is None:
                 return image, caption
             return self._tokenize(caption, position), image
+        raise RuntimeError(f"every image in {self.root} failed to load ({self.report.brief()}): re-save them or "
+                           "replace them")
+
+
+class ImageFolder(Dataset):
+    """Every image under root, captioned or not: what an image tokenizer (train_vae.py) trains on, since it never
+    reads a caption. Items `(image (3,H,W) in [0,1], "")`, the same shape as TextImageFolder's. Images PIL cannot
+    identify are left out and counted; one that fails to decode later is reported once and replaced by the next."""
+
+    def __init__(self, root, image_size: int = 32, warn: bool = True):
+        self.root = _check_root(root)
+        self.image_size = int(image_size)
+        self.report = FolderReport(str(self.root))
+        images, _ = _scan(self.root)
+        if not images:
+            raise ValueError(f"folder {self.root} holds no images ({' '.join(IMAGE_EXTENSIONS)}, found recursively): "
+                             "put the images there")
+        self.keys: list[str] = []
+        self._images: list[Path] = []
+        for image in images:
+            key = image.relative_to(self.root).as_posix()
+            if _readable(image, key, self.report):
+                self.keys.append(key)
+                self._images.append(image)
+        self.report.images = len(self.keys)
+        if not self.keys:
+            raise ValueError(f"none of the {len(images)} images in {self.root} can be read ({self.report.brief()}): "
+                             "re-save them or replace them")
+        if warn and (self.report.corrupt_image or self.report.converted):
+            logger.warning("%s", self.summary())
+
+    def summary(self) -> str:
+        """The report without the caption lines (captions play no part here)."""
+        lines = self.report.summary().splitlines()
+        return "\n".join([f"{self.root}: {len(self.keys)} usable images, {len(self.report.corrupt_image)} left out"]
+                         + lines[1:])
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    def load(self, index: int):
+        """Image `index`, or None when it cannot be decoded (reported once)."""
+        try:
+            return load_image(self._images[index], self.image_size)
+        except Exception as error:  # PIL raises many types for bad files
+            key = self.keys[index]
+            if key not in self.report.corrupt_image:
+                self.report.corrupt_image.append(key)
+                logger.warning("%s/%s cannot be decoded (%s: %s): left out; re-save or delete it", self.root, key,
+                               type(error).__name__, error)
+            return None
+
+    def __getitem__(self, index: int):
+        for attempt in range(len(self.keys)):  # a broken image is replaced by the next good one
+            image = self.load((index + attempt) % len(self.keys))
+            if image is not None:
+                return image, ""
         raise RuntimeError(f"every image in {self.root} failed to load ({self.report.brief()}): re-save them or "
                            "replace them")
 

@@ -31,8 +31,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m dalle_lab.tokenizers.train", description=__doc__,
                                      formatter_class=HelpFormatter)
     parser.add_argument("--input", nargs="+", default=[], metavar="PATH",
-                        help="caption text files (one caption a line), image-text folders and/or WebDataset shards (.tar: "
-                             "the txt of every sample with an image) (default: none; give "
+                        help="caption text files (one caption a line), image-text folders and/or WebDataset shards "
+                             "(.tar: the txt of every sample with an image) (default: none; give "
                              "this and/or --dataset)")
     parser.add_argument("--dataset", choices=BUILTIN_DATASETS, action="append", default=[],
                         help="add a built-in dataset's training captions (shapes: every caption of the grammar, "

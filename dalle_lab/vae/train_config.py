@@ -24,7 +24,8 @@ class VAETrainConfig:
     ch_mult: tuple[int, ...] = (1, 2, 2)
     num_res_blocks: int = 1
     gumbel: bool = False
-    # data: a built-in dataset name ("shapes", "emoji"), an image-text folder, or WebDataset shards (.tar pattern)
+    # data: a built-in dataset name ("shapes", "emoji"), a folder of images (captions not needed), or
+    # WebDataset shards (.tar pattern)
     data: str = "shapes"
     val_data: str | None = None  # shards for validation; folders hold out val_size images themselves
     val_size: int = 512

@@ -1,4 +1,4 @@
-"""The images a tokenizer trains on: a built-in dataset, an image-text folder (a seeded part held out for
+"""The images a tokenizer trains on: a built-in dataset, a folder of images (a seeded part held out for
 validation) or WebDataset shards, as endless seeded batches that a resumed run continues exactly."""
 from __future__ import annotations
 
@@ -36,23 +36,23 @@ def training_data(cfg: VAETrainConfig):
     if Path(cfg.data).expanduser().is_dir():
         return _folder_data(cfg)
     if "/" in cfg.data or Path(cfg.data).suffix:
-        raise FileNotFoundError(f"--data {cfg.data}: no such folder (an image-text folder: images with same-name "
-                                ".txt captions)")
+        raise FileNotFoundError(f"--data {cfg.data}: no such folder (a folder of images; captions are not needed)")
     raise ValueError(f"--data {cfg.data!r} is neither a built-in dataset ({', '.join(BUILTIN_DATASETS)}), "
-                     "an existing image-text folder, nor WebDataset shards (a .tar path or brace pattern)")
+                     "an existing folder of images, nor WebDataset shards (a .tar path or brace pattern)")
 
 
 def _folder_data(cfg: VAETrainConfig):
-    """An image-text folder: a seeded tenth (at most val_size images) held out for validation, the rest trained on.
-    Unreadable images are left out and counted (dalle_lab.data.folder); the held-out images are decoded now."""
+    """A folder of images: a seeded tenth (at most val_size images) held out for validation, the rest trained on.
+    Every image counts, captioned or not (a tokenizer never reads captions); unreadable images are left out and
+    counted (dalle_lab.data.folder.ImageFolder); the held-out images are decoded now."""
     from torch.utils.data import Subset
 
-    from ..data.folder import TextImageFolder
+    from ..data.folder import ImageFolder
 
-    folder = TextImageFolder(cfg.data, image_size=cfg.image_size)
+    folder = ImageFolder(cfg.data, image_size=cfg.image_size)
     order = torch.randperm(len(folder), generator=torch.Generator().manual_seed(cfg.seed)).tolist()
     n_val = min(cfg.val_size, len(folder) // 10) or 1  # hold out at most a tenth of a small folder
-    loaded = [(folder.load(i), folder.captions(i)[0]) for i in order[:n_val]]  # None: it cannot be decoded
+    loaded = [(folder.load(i), "") for i in order[:n_val]]  # None: it cannot be decoded
     val_items = [(image, caption) for image, caption in loaded if image is not None]
     if not val_items:
         raise ValueError(f"--data {cfg.data}: none of the {n_val} held-out images could be decoded "
