@@ -60,15 +60,18 @@ def test_a_shapes_caption_longer_than_the_text_context_is_an_error_before_step_1
 def test_truncate_cuts_and_skip_leaves_out_and_reports(tiny_vqgan, tmp_path, capsys, caplog):
     folder = folder_with(tmp_path / "data", ["a red circle\n", f"a blue square\n{LONG}\n", f"{LONG}\n",
                                              "a green star\n"])
+    (folder / "nocaption.png").write_bytes((folder / "0.png").read_bytes())  # so the folder has a report to say
     cut = train(tiny_config(tiny_vqgan, tmp_path / "cut", image_text_folder=str(folder), batch_size=1, max_steps=4,
                             truncate_captions=True), TINY)
     assert cut.step == 4
+    capsys.readouterr()
     skipped = train(tiny_config(tiny_vqgan, tmp_path / "skip", image_text_folder=str(folder), batch_size=1,
                                 max_steps=None, epochs=1, skip_long_captions=True), TINY)
     assert skipped.step == 3  # 2.png had only the long caption: left out, like a corrupt image
     err = capsys.readouterr().err
-    assert "1 image(s) with every caption longer than text_seq_len, left out (2.png)" in err
-    assert "2 caption line(s) longer than text_seq_len, left out" in err
+    assert ("--skip_long_captions left out 2 caption line(s) longer than text_seq_len 8, and 1 image(s) left with "
+            "no caption (2.png): 3 usable image-caption pairs remain") in err
+    assert err.count("image(s) without a caption file, left out (nocaption.png)") == 1  # the report is said once
     with pytest.raises(ValueError, match="give one of them"):
         train(tiny_config(tiny_vqgan, tmp_path / "both", image_text_folder=str(folder), truncate_captions=True,
                           skip_long_captions=True), TINY)

@@ -125,8 +125,19 @@ def _check_caption_lines(dataset, tokenizer, text_seq_len: int, mode: str, say) 
         more = f" ({len(long) - 1} more such lines)" if len(long) > 1 else ""
         raise ValueError(too_long_message(where, line, tokens, text_seq_len, tokenizer, more,
                                           every=len(lines) if len(long) == len(lines) else 0))
+    before = len(dataset.report.long_caption)
     dataset.drop_caption_lines({(i, n) for i, n, _, _ in long})
-    say(dataset.report.summary())
+    say(_skipped_line(dataset.report, len(long), text_seq_len, dataset.report.long_caption[before:]))
+
+
+def _skipped_line(report, lines: int, text_seq_len: int, emptied: list[str]) -> str:
+    """What --skip_long_captions left out, in one line: the folder's report has been said already (open_dataset),
+    so it is not repeated here."""
+    from dalle_lab.data.folder_report import names
+
+    items = f", and {len(emptied)} image(s) left with no caption ({names(emptied)})" if emptied else ""
+    return (f"{report.root}: --skip_long_captions left out {lines} caption line(s) longer than text_seq_len "
+            f"{text_seq_len}{items}: {report.images} usable image-caption pairs remain")
 
 
 def auto_text_seq_len(captions: list[tuple[str, str]], tokenizer, mode: str, say) -> int:
