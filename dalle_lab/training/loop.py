@@ -123,7 +123,8 @@ def _set_up(cfg: TrainConfig, overrides: dict, tokenizer, vae) -> _Run:
     dataset = sources.open_dataset(cfg, tokenizers.vae.image_size, say)
     overrides = sources.resolve_text_seq_len(cfg, overrides, init_ckpt, tokenizers.text, dataset, say)
 
-    model_config, engine = setup.model_and_engine(cfg, overrides, tokenizers, init_ckpt, init_path, device, dist)
+    model_config, engine = setup.model_and_engine(cfg, overrides, tokenizers, init_ckpt, init_path, device, dist,
+                                                  resuming=resume_ckpt is not None)
     model = engine.module
     source = sources.make_source(cfg, dist, engine.micro_batch_size, tokenizers.vae.image_size,
                                  resume_ckpt["data_position"] if resume_ckpt else None, tokenizers.text,

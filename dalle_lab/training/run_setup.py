@@ -62,11 +62,15 @@ def dataset_model_defaults(cfg: TrainConfig) -> dict:
 TRAINING_MODEL_FIELDS = ("loss_img_weight", "null_cond_prob", "attn_dropout", "ff_dropout")
 
 
-def build_model_config(overrides: dict, tokenizer, vae, init_ckpt, dataset_defaults: dict) -> dict:
+def build_model_config(overrides: dict, tokenizer, vae, init_ckpt, dataset_defaults: dict,
+                       resuming: bool = False) -> dict:
+    """The model's config: a fresh one from the flags, or the checkpoint's (resumed: its every setting is checked
+    against the flags later, check_resume_settings; started from its weights: with the training fields given)."""
     if init_ckpt:
         config = dict(init_ckpt["config"])  # a continued run keeps the model it was trained as
         config.update({name: overrides[name] for name in TRAINING_MODEL_FIELDS if name in overrides})
-        _refuse_other_architecture(overrides, config)
+        if not resuming:
+            _refuse_other_architecture(overrides, config)
     else:
         fields = {**dataset_defaults, **overrides}
         fields.setdefault("num_text_tokens", tokenizer.vocab_size)
@@ -93,12 +97,13 @@ def _refuse_other_architecture(overrides: dict, config: dict) -> None:
             "without --dalle_path)")
 
 
-def model_and_engine(cfg: TrainConfig, overrides: dict, tokenizers, init_ckpt, init_path, device, dist: DistInfo):
+def model_and_engine(cfg: TrainConfig, overrides: dict, tokenizers, init_ckpt, init_path, device, dist: DistInfo,
+                     resuming: bool = False):
     """(model config, engine): the transformer built from its config (a continued run's from its checkpoint, with
     its weights), its optimizer and precision, in the plain or DeepSpeed engine."""
     torch.manual_seed(cfg.seed)  # the same initial weights on every rank
     model_config = build_model_config(overrides, tokenizers.text, tokenizers.vae, init_ckpt,
-                                      dataset_model_defaults(cfg))
+                                      dataset_model_defaults(cfg), resuming)
     model = ckpt_io.build_model(model_config).to(device)
     model.transformer.gradient_checkpointing = cfg.gradient_checkpointing  # changes memory and time, not numbers
     if init_ckpt:
