@@ -85,3 +85,25 @@ def test_discrete_vae_save_round_trips_every_constructor_setting(tmp_path):
     images = torch.rand(2, 3, 16, 16, generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         assert torch.equal(back.get_codebook_indices(images), vae.get_codebook_indices(images))
+
+
+def test_dallepytorch_attention_is_sdpas_function_and_converted_models_use_it(tmp_path):
+    """attention_math "dallepytorch" changes only the order of the sums: the same function as SDPA to float32
+    rounding, with a causal mask offset for queries after a prefix, a boolean mask and the stable softmax."""
+    import torch.nn.functional as F
+
+    from dalle_lab.model.attention import dallepytorch_attention
+
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 3, n, 8, generator=g) * 3 for n in (4, 6, 6))
+    mask = torch.rand(4, 6, generator=g) > 0.3
+    mask[:, 0] = True
+    causal = torch.ones(4, 6, dtype=torch.bool).tril(2)  # 4 queries at positions 2..5 of 6 keys
+    cases = ((dict(is_causal=True), dict(attn_mask=causal)), (dict(attn_mask=mask), dict(attn_mask=mask)))
+    for kwargs, reference in cases:
+        expected = F.scaled_dot_product_attention(q, k, v, **reference)
+        for stable in (False, True):
+            torch.testing.assert_close(dallepytorch_attention(q, k, v, stable=stable, **kwargs), expected,
+                                       atol=1e-6, rtol=1e-5)
+    converted = convert_file(DATA / "class_defaults.pt", tmp_path / "c.pt", Sources(bpe_path=str(VOCAB)))
+    assert torch.load(converted, weights_only=True)["config"]["attention_math"] == "dallepytorch"

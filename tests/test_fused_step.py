@@ -17,7 +17,9 @@ SUPPORTED = [dict(), dict(stable=True), dict(sandwich_norm=True), dict(depth=3, 
              dict(layer_scale=True, stable=True, stable_style="dallepytorch", depth=3, shared_attn_ids=(0, 0, 1)),
              dict(rotary_emb=True), dict(shift_tokens=True),
              dict(rotary_emb=True, shift_tokens=True, stable=True, sandwich_norm=True),
-             dict(rotary_emb=True, shift_tokens=True, layer_scale=True, rotary_style="dallepytorch", dim=30)]
+             dict(rotary_emb=True, shift_tokens=True, layer_scale=True, rotary_style="dallepytorch", dim=30),
+             dict(rotary_emb=True, shift_tokens=True, layer_scale=True, rotary_style="dallepytorch",
+                  attention_math="dallepytorch", stable=True, stable_style="dallepytorch")]
 KINDS = ["linear", "wt"] + (["onednn"] if torch.backends.mkldnn.is_available() else [])
 
 

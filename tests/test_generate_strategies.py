@@ -34,10 +34,12 @@ OPTIONS = {
                 share_input_output_emb=True, stable=True),
     "layer_scale": dict(layer_scale=True, sandwich_norm=True),
     # a model converted from DALLE-pytorch with its class defaults (dalle_lab.convert), and with its `stable`
-    "dp_class_default": dict(rotary_emb=True, shift_tokens=True, layer_scale=True, rotary_style="dallepytorch"),
-    "dp_fp16": dict(rotary_emb=True, shift_tokens=True, layer_scale=True, rotary_style="dallepytorch_fp16"),
+    "dp_class_default": dict(rotary_emb=True, shift_tokens=True, layer_scale=True, rotary_style="dallepytorch",
+                             attention_math="dallepytorch"),
+    "dp_fp16": dict(rotary_emb=True, shift_tokens=True, layer_scale=True, rotary_style="dallepytorch_fp16",
+                    attention_math="dallepytorch", attn_types=("full", "axial_row")),
     "dp_stable": dict(rotary_emb=True, shift_tokens=True, layer_scale=True, rotary_style="dallepytorch", stable=True,
-                      stable_style="dallepytorch"),
+                      stable_style="dallepytorch", attention_math="dallepytorch"),
 }
 SAMPLINGS = {
     "top_k": dict(top_k=8),

@@ -126,7 +126,7 @@ def config_fields(h: dict, num_image_tokens: int, image_fmap_size: int) -> dict:
         rotary_emb=bool(h["rotary_emb"]), shift_tokens=bool(h["shift_tokens"]),
         shared_attn_ids=_ids(h["shared_attn_ids"]), shared_ff_ids=_ids(h["shared_ff_ids"]),
         share_input_output_emb=bool(h["share_input_output_emb"]),
-        layer_scale=True, stable_style="dallepytorch",
+        layer_scale=True, stable_style="dallepytorch", attention_math="dallepytorch",
     )
 
 

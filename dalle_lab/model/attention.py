@@ -9,10 +9,14 @@ Three code paths compute the same function:
 - the explicit path forms the score matrix itself. It runs when the caller asks for the attention weights
   (attention heatmaps), and for `stable=True` in float16 only (see `_needs_explicit_pb_relax`: PB-relax must act
   between the score matmul and the softmax, which SDPA does not expose, and only float16 can overflow there);
+- attention_math "dallepytorch" (models converted from DALLE-pytorch) sums as DALLE-pytorch 1.6.6 did instead of
+  calling SDPA (dallepytorch_attention), so their logits match the original's to float32 rounding at any size;
 - bfloat16 on the CPU (autocast training and generation) uses plain bf16 matmuls, faster there than SDPA's kernel,
   for the full sequence and the cached steps alike, so all three bf16 paths agree bit for bit.
 """
 from __future__ import annotations
+
+from functools import partial
 
 import torch
 import torch.nn.functional as F
@@ -35,8 +39,11 @@ def position_mask(positions: torch.Tensor, kv_len: int) -> torch.Tensor:
 
 class Attention(nn.Module):
     def __init__(self, dim: int, heads: int, dim_head: int, dropout: float = 0.0, stable: bool = False,
-                 rotate_values: bool = False):
+                 rotate_values: bool = False, math: str = "sdpa"):
         super().__init__()
+        # "dallepytorch": DALLE-pytorch's summation order instead of SDPA's fused kernel (dallepytorch_attention)
+        self.sdpa = partial(dallepytorch_attention, stable=stable) if math == "dallepytorch" else \
+            F.scaled_dot_product_attention
         self.rotate_values = rotate_values  # DALLE-pytorch's rotary rotated the values too (rotary_style)
         self.heads = heads
         self.dim_head = dim_head
@@ -75,7 +82,7 @@ class Attention(nn.Module):
             if explicit:
                 out, weights = self._explicit_attention(q, k, v, start, mask=mask)
             else:
-                out, weights = F.scaled_dot_product_attention(q, k, v, attn_mask=mask), None
+                out, weights = self.sdpa(q, k, v, attn_mask=mask), None
             out = self.to_out(out.transpose(1, 2).reshape(b, n, self.heads * self.dim_head))
             return out, weights
         if cache is not None:
@@ -95,13 +102,13 @@ class Attention(nn.Module):
                 # generation, uncached generation and a teacher-forced pass give bit-identical logits
                 out = _cpu_bf16_causal_attention(q, k, v, dropout_p, start, mask)
             elif mask is not None:  # a sparse attention type: its own mask row for each query
-                out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
+                out = self.sdpa(q, k, v, attn_mask=mask, dropout_p=dropout_p)
             elif n == 1:  # one new query sees every cached position: no mask at all
-                out = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p)
+                out = self.sdpa(q, k, v, dropout_p=dropout_p)
             elif start == 0:  # whole sequence (training, or the prompt in generation)
-                out = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True)
+                out = self.sdpa(q, k, v, dropout_p=dropout_p, is_causal=True)
             else:  # several new tokens after a cached prefix: the causal mask is offset by `start`
-                out = F.scaled_dot_product_attention(q, k, v, attn_mask=_causal_mask(n, k.shape[2], start, x.device),
+                out = self.sdpa(q, k, v, attn_mask=_causal_mask(n, k.shape[2], start, x.device),
                                                      dropout_p=dropout_p)
         out = self.to_out(out.transpose(1, 2).reshape(b, n, self.heads * self.dim_head))
         if self.dropout > 0:
@@ -126,6 +133,26 @@ class Attention(nn.Module):
         if self.training and self.dropout > 0:
             weights = F.dropout(weights, p=self.dropout)
         return weights @ v, weights
+
+
+def dallepytorch_attention(q, k, v, attn_mask=None, dropout_p: float = 0.0, is_causal: bool = False,
+                           stable: bool = False):
+    """scaled_dot_product_attention's function summed as DALLE-pytorch 1.6.6 sums it: einsum scores of the scaled
+    queries, masked with the most negative float, its stable softmax (a 1024th of the scores, minus their row max,
+    times 1024) where `stable`, and an einsum with the values. SDPA's fused kernel adds in another order: with it a
+    converted model's logits drift from its file's by float32 rounding, up to 2e-5 at dim 512 (6e-6 this way)."""
+    scores = torch.einsum("bhid,bhjd->bhij", q * q.shape[-1] ** -0.5, k)
+    if is_causal:
+        attn_mask = torch.ones(q.shape[2], k.shape[2], dtype=torch.bool, device=q.device).tril(k.shape[2] - q.shape[2])
+    if attn_mask is not None:
+        scores = scores.masked_fill(~attn_mask, -torch.finfo(scores.dtype).max)
+    if stable:
+        scores = scores / 1024
+        scores = (scores - scores.amax(dim=-1, keepdim=True).detach()) * 1024
+    weights = scores.softmax(dim=-1)
+    if dropout_p > 0:
+        weights = F.dropout(weights, p=dropout_p)
+    return torch.einsum("bhij,bhjd->bhid", weights, v)
 
 
 def _needs_explicit_pb_relax(q: torch.Tensor) -> bool:

@@ -15,6 +15,7 @@ STYLES = ("dalle_lab", "dallepytorch")
 # DALLE-pytorch's rotary as a --fp16 (or bf16) file stores it: its table of angles rounded to that dtype, which its
 # model then used (a converted model computes the same function only with the same rounded angles)
 ROTARY_STYLES = STYLES + ("dallepytorch_fp16", "dallepytorch_bf16")
+ATTENTION_MATHS = ("sdpa", "dallepytorch")
 
 
 @dataclass
@@ -54,6 +55,10 @@ class DALLEConfig:
     # "dallepytorch": stable's final rescale divides by the signed maximum (DALLE-pytorch's DivideMax) and scales the
     # embeddings' gradient by 0.1; "dalle_lab": divides by the absolute maximum (model/dalle.py, _final)
     stable_style: str = "dalle_lab"
+    # "dallepytorch": attention as DALLE-pytorch 1.6.6 sums it (einsum scores, the most negative float as mask, its
+    # stable softmax, einsum); "sdpa": torch's fused kernel, which sums in another order (converted models differ
+    # from their file by up to 2e-5 at dim 512 with it, by 6e-6 without)
+    attention_math: str = "sdpa"
 
     def __post_init__(self):
         # lists (a checkpoint read back from JSON, a YAML config) and "full,axial_row" strings (DALLE-pytorch's
@@ -88,7 +93,8 @@ class DALLEConfig:
         if self.rotary_emb and self.dim_head < 6:
             raise ValueError(f"rotary_emb needs dim_head >= 6 (three rotated bands of at least 2 features: text "
                              f"position, image row, image column), got dim_head={self.dim_head}")
-        for name, allowed in (("rotary_style", ROTARY_STYLES), ("stable_style", STYLES)):
+        for name, allowed in (("rotary_style", ROTARY_STYLES), ("stable_style", STYLES),
+                              ("attention_math", ATTENTION_MATHS)):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"DALLEConfig.{name} must be one of {', '.join(allowed)}, got {getattr(self, name)!r}")
         for name in ("shared_attn_ids", "shared_ff_ids"):

@@ -90,7 +90,8 @@ class DALLE(nn.Module):
                                        conv_kernel_size=cfg.conv_kernel_size, conv_dilation=cfg.conv_dilation,
                                        rotary_emb=cfg.rotary_emb, shift_tokens=cfg.shift_tokens,
                                        shared_attn_ids=cfg.shared_attn_ids, shared_ff_ids=cfg.shared_ff_ids,
-                                       layer_scale=cfg.layer_scale, rotary_style=cfg.rotary_style)
+                                       layer_scale=cfg.layer_scale, rotary_style=cfg.rotary_style,
+                                       attention_math=cfg.attention_math)
         self.final_norm = nn.LayerNorm(dim)
         self.to_text_logits = Linear(dim, cfg.total_text_tokens)
         self.to_image_logits = Linear(dim, cfg.num_image_tokens)

@@ -64,6 +64,7 @@ class Plan(NamedTuple):
     fmap: int
     shift: bool
     rotate_values: bool  # DALLE-pytorch's rotary (rotary_style "dallepytorch") rotates the values too
+    sdpa: Callable  # the attention function the modules call (attention.Attention.sdpa), so the bits match theirs
 
 
 class StepIO(NamedTuple):
@@ -102,7 +103,7 @@ def plan(model, product: Callable) -> Plan:
                      b.attn_scale, b.ff_scale)
               for b in t.layers]
     return Plan(layers, model.final, product(model.to_image_logits), t.heads, t.dim_head, t.text_len, t.fmap,
-                t.shift_tokens, t.layers[0].attn.rotate_values)
+                t.shift_tokens, t.layers[0].attn.rotate_values, t.layers[0].attn.sdpa)
 
 
 def rotary_tables(model, max_len: int, device) -> tuple[torch.Tensor, torch.Tensor] | tuple[None, None]:
@@ -150,16 +151,16 @@ def _shift(h: torch.Tensor, history: torch.Tensor, pos, plan: Plan) -> torch.Ten
     return torch.cat([top, left, h[:, 2 * quarter:]], dim=-1)
 
 
-def _attend(qkv: torch.Tensor, buffer: torch.Tensor, pos) -> torch.Tensor:
+def _attend(qkv: torch.Tensor, buffer: torch.Tensor, pos, sdpa: Callable = F.scaled_dot_product_attention):
     """qkv (rows, 3, heads, d) of the token at pos: write its key and value, attend to positions 0..pos."""
     q = qkv[:, :1].transpose(1, 2)  # (rows, heads, 1, d)
     if isinstance(pos, int):
         buffer.select(3, pos).copy_(qkv[:, 1:].transpose(0, 1))
         keys_values = buffer.narrow(3, 0, pos + 1)
-        return F.scaled_dot_product_attention(q, keys_values[0], keys_values[1])
+        return sdpa(q, keys_values[0], keys_values[1])
     buffer.index_copy_(3, pos.view(1), qkv[:, 1:].transpose(0, 1).unsqueeze(3))
     visible = (torch.arange(buffer.shape[3], device=buffer.device) <= pos).view(1, 1, 1, -1)
-    return F.scaled_dot_product_attention(q, buffer[0], buffer[1], attn_mask=visible)
+    return sdpa(q, buffer[0], buffer[1], attn_mask=visible)
 
 
 def _branch_output(out: torch.Tensor, norm: _Norm | None, scale: torch.Tensor | None) -> torch.Tensor:
@@ -181,7 +182,7 @@ def step(plan: Plan, x: torch.Tensor, pos, io: StepIO) -> torch.Tensor:
         if cos is not None:
             qkv = (_rotate(qkv, cos, sin) if plan.rotate_values else
                    torch.cat([_rotate(qkv[:, :2], cos, sin), qkv[:, 2:]], dim=1))
-        out = layer.attn_out(_attend(qkv, io.buffers[i], pos).reshape(rows, heads * d))
+        out = layer.attn_out(_attend(qkv, io.buffers[i], pos, plan.sdpa).reshape(rows, heads * d))
         x = x + _branch_output(out, layer.attn_out_norm, layer.attn_scale)
         h = F.layer_norm(x, shape, *layer.ff_norm)
         if plan.shift:

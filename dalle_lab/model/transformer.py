@@ -45,10 +45,12 @@ class Block(nn.Module):
     """
 
     def __init__(self, dim, heads, dim_head, ff_mult=4, attn_dropout=0.0, ff_dropout=0.0, stable=False,
-                 sandwich_norm=False, layer_scale: float | None = None, rotate_values: bool = False):
+                 sandwich_norm=False, layer_scale: float | None = None, rotate_values: bool = False,
+                 attention_math: str = "sdpa"):
         super().__init__()
         self.attn_norm = nn.LayerNorm(dim)
-        self.attn = Attention(dim, heads, dim_head, dropout=attn_dropout, stable=stable, rotate_values=rotate_values)
+        self.attn = Attention(dim, heads, dim_head, dropout=attn_dropout, stable=stable, rotate_values=rotate_values,
+                              math=attention_math)
         self.ff_norm = nn.LayerNorm(dim)
         self.ff = FeedForward(dim, ff_mult, ff_dropout)
         self.sandwich_norm = sandwich_norm
@@ -90,7 +92,7 @@ class Transformer(nn.Module):
     def __init__(self, dim, depth, heads, dim_head, ff_mult=4, attn_dropout=0.0, ff_dropout=0.0, stable=False,
                  sandwich_norm=False, *, attn_types=("full",), text_len=None, fmap=None, conv_kernel_size=5,
                  conv_dilation=1, rotary_emb=False, shift_tokens=False, shared_attn_ids=None, shared_ff_ids=None,
-                 layer_scale=False, rotary_style="dalle_lab"):
+                 layer_scale=False, rotary_style="dalle_lab", attention_math="sdpa"):
         """attn_types, shared_attn_ids, shared_ff_ids are cycled over the layers (DALLE-pytorch's rule); text_len
         (BOS + text) and fmap (grid side) place the image grid in the sequence for the masks, rotary and shift.
         rotary_style "dallepytorch": DALLE-pytorch's angles, and the values are rotated too (positional.py)."""
@@ -99,7 +101,8 @@ class Transformer(nn.Module):
         rotate_values = rotary_emb and rotary_style.startswith("dallepytorch")
         self.layers = nn.ModuleList(
             Block(dim, heads, dim_head, ff_mult, attn_dropout, ff_dropout, stable, sandwich_norm,
-                  layer_scale=layer_scale_init(i) if layer_scale else None, rotate_values=rotate_values)
+                  layer_scale=layer_scale_init(i) if layer_scale else None, rotate_values=rotate_values,
+                  attention_math=attention_math)
             for i in range(depth)
         )
         _share(self.layers, "attn", shared_attn_ids)

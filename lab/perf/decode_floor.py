@@ -92,7 +92,7 @@ def step_parts(torch, model, rows: int, rounds: int) -> dict:
         out["products_us"] = per_call_us(lambda: [p(v) for p, v in calls], 200, rounds)
         qkv = torch.randn(rows, 3, t.heads, t.dim_head)
         out["attention_us"] = per_call_us(
-            lambda: [fused_step._attend(qkv, b, pos) for b in fused.io.buffers], 200, rounds)
+            lambda: [fused_step._attend(qkv, b, pos, fused.plan.sdpa) for b in fused.io.buffers], 200, rounds)
         out["step_us"] = per_call_us(lambda: fused(x, pos), 200, rounds)
         out["position"] = pos
     return out
