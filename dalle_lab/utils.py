@@ -131,3 +131,10 @@ def open_wandb(name: str, entity: str | None = None, project: str = "dalle_lab",
 
     return wandb.init(project=project, name=name, entity=entity, id=run_id, resume="allow" if run_id else None,
                       config=config)
+
+
+def generate_command() -> str:
+    """How to call generation from where this process was started: the console script when it was one."""
+    import sys
+
+    return "dalle-generate" if Path(sys.argv[0]).name.startswith("dalle-") else "python generate.py"

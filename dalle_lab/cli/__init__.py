@@ -23,11 +23,6 @@ from typing import Callable
 from dalle_lab.extras import MissingExtra, require_extra
 
 
-def generate_command() -> str:
-    """How to call generation from where this process was started: the console script when it was one."""
-    return "dalle-generate" if Path(sys.argv[0]).name.startswith("dalle-") else "python generate.py"
-
-
 def run(main: Callable, needs: str | None = None, argv=None) -> int:
     """Run a command's main(argv): with `needs`, that extra is checked before any work; a missing optional package
     is one line on stderr and exit status 1, not a traceback. A main that returns no status (train_vae prints its

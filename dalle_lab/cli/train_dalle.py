@@ -17,10 +17,10 @@ import dataclasses
 import sys
 from pathlib import Path
 
-from dalle_lab.cli import generate_command
 from dalle_lab.training.cli import (build_train_parser, check_counts, config_from_args, epochs_end_the_run,
                                     given_flags)
 from dalle_lab.training.dallepytorch_flags import apply_train_flags
+from dalle_lab.utils import generate_command
 
 PROG = "train_dalle.py"
 

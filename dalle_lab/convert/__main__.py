@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from dalle_lab.cli import generate_command
+from dalle_lab.utils import generate_command
 
 from .convert import ConversionError, Sources, convert_file
 
