@@ -166,3 +166,18 @@ def test_the_trainer_credits_where_the_reward_map_points(tokenizer, tmp_path):  
     log = trainer.train_epoch(prompts)
     assert log["max_abs_logratio_first_step"] < 2e-5 and log["updated_images"] == int(informative.sum())
     assert any(not torch.equal(p, before[n]) for n, p in trainer.dalle.named_parameters())
+
+
+def test_a_reward_must_give_one_finite_score_per_image():
+    """A NaN or inf score would make the advantages, the loss and every weight NaN: refused naming the caption."""
+    import math
+
+    from dalle_lab.align.credit import checked_scores
+
+    prompts = ["a red circle", "a blue square"]
+    assert checked_scores([1, 2.5], prompts).tolist() == [1.0, 2.5]  # a list is fine
+    for bad, message in (([1.0, math.nan], "returned nan for the image of 'a blue square'"),
+                         (torch.tensor([math.inf, 0.0]), "returned inf for the image of 'a red circle'"),
+                         ([1.0, 2.0, 3.0], r"shape \(3,\) for 2 images"), ("ten", "not one number per image")):
+        with pytest.raises(ValueError, match=message):
+            checked_scores(bad, prompts)

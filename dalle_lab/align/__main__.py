@@ -39,11 +39,26 @@ def read_prompts(args, config: AlignConfig) -> tuple[list[str], dict[str, list[s
     return [dataset.caption(i) for i in range(len(dataset))], eval_sets
 
 
+def check_shapes_prompts_fit(args, tokenizer) -> None:
+    """The default prompts and --prompts heldout are Shapes captions: refuse them for a model whose vocabulary is not
+    the shipped Shapes one (a model of the user's own data), instead of training and evaluating it on Shapes."""
+    if args.prompts and args.prompts != HELDOUT:
+        return
+    from dalle_lab.tokenizers import get_tokenizer
+
+    if tokenizer.sha256 != get_tokenizer(None, dataset="shapes").sha256:
+        asked = f"--prompts {HELDOUT}" if args.prompts == HELDOUT else "no --prompts (the Shapes training captions)"
+        raise ValueError(f"{args.dalle_path} reads text with {tokenizer.path}, not the Shapes vocabulary, but {asked} "
+                         "would train and evaluate it on Shapes captions: pass --prompts FILE with your own captions "
+                         "(one per line) and --eval_prompts FILE for the evaluation")
+
+
 def read_caption_file(path_text: str, flag: str) -> list[str]:
     path = Path(path_text)
     if not path.is_file():
         raise FileNotFoundError(f"{flag} {path}: no such file (give a text file with one caption per line)")
-    captions = [line.strip() for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    # utf-8-sig: a byte-order mark (Windows editors) is not part of the first caption
+    captions = [line.strip() for line in path.read_text(encoding="utf-8-sig").splitlines() if line.strip()]
     if not captions:
         raise ValueError(f"{flag} {path} holds no captions (one caption per line expected)")
     return captions
@@ -69,6 +84,7 @@ def main(argv=None) -> int:
         prompts, eval_sets = read_prompts(args, config)
         device = process_device(pick_device(args.device), env_dist_info())  # torchrun / deepspeed: one GPU each
         dalle, tokenizer, _ = load_dalle(args.dalle_path, device)
+        check_shapes_prompts_fit(args, tokenizer)
         warn_unknown_words(tokenizer, prompts, "python -m dalle_lab.align")  # named; the run goes on
         reward_options = {"clip_path": args.clip_path, "head_path": args.aesthetic_head_path, "device": device}
         wandb = {"name": args.wandb_name, "entity": args.wandb_entity, "project": args.wandb_project}

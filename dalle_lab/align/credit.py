@@ -67,11 +67,31 @@ def credited_scores(reward: Callable, images, prompts: Sequence[str], num_tokens
     if kind not in CREDITS:
         raise ValueError(f"credit must be one of {', '.join(CREDITS)}, not {kind!r}")
     if kind == "localized":
-        return score_with_credit(reward, images, prompts, num_tokens)
-    credited = uniform_credit(reward(images, prompts), num_tokens)
+        credited = score_with_credit(reward, images, prompts, num_tokens)
+        checked_scores(credited.scores, prompts)
+        return credited
+    credited = uniform_credit(checked_scores(reward(images, prompts), prompts), num_tokens)
     if kind == "content":
         return credited._replace(maps=content_map(images, num_tokens)[:, None])
     return credited
+
+
+def checked_scores(scores, prompts: Sequence[str]) -> torch.Tensor:
+    """A reward's output as a (B,) float tensor, or a ValueError naming what is wrong with it: one finite score per
+    image. A NaN or inf would turn the advantages, the loss and then every weight into NaN, silently."""
+    try:
+        values = torch.as_tensor(scores.detach() if torch.is_tensor(scores) else scores, dtype=torch.float32)
+    except (TypeError, ValueError, RuntimeError) as err:
+        raise ValueError(f"the reward returned {type(scores).__name__}, not one number per image ({err})") from None
+    if values.shape != (len(prompts),):
+        raise ValueError(f"the reward returned scores of shape {tuple(values.shape)} for {len(prompts)} images: it "
+                         "must return one score per image, shape (B,)")
+    bad = (~torch.isfinite(values)).nonzero().flatten()
+    if len(bad):
+        i = int(bad[0])
+        raise ValueError(f"the reward returned {values[i].item()} for the image of {prompts[i]!r} ({len(bad)} of "
+                         f"{len(prompts)} scores not finite): fix the reward; a NaN or inf would make every weight NaN")
+    return values
 
 
 def token_advantages(prompts: Sequence[str], credited: CreditedScores, std: str = "group",

@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint as run_checkpointed
 
+from dalle_lab.align.credit import checked_scores
 from dalle_lab.align.logprobs import policy_logprobs, token_entropy, token_kl
 from dalle_lab.align.trainer import AlignTrainer
 from dalle_lab.rewards import is_differentiable
@@ -174,6 +175,7 @@ class RewardBackpropTrainer(AlignTrainer):
         processed, model_full = passes[-1]
         images = self.dalle.vae.decode_soft(relaxed)
         rewards = self.reward(images, prompts)
+        checked_scores(rewards, prompts)  # a NaN reward would make every weight NaN: refused, naming the caption
         loss = -rewards.float().mean()
         stats = {"entropy": token_entropy(processed.detach()).mean().item()}
         if self.has_reference:
