@@ -129,8 +129,12 @@ def open_wandb(name: str, entity: str | None = None, project: str = "dalle_lab",
     WANDB_MODE=disabled (nothing at all) are wandb's own switches."""
     import wandb
 
-    return wandb.init(project=project, name=name, entity=entity, id=run_id, resume="allow" if run_id else None,
-                      config=config)
+    try:
+        return wandb.init(project=project, name=name, entity=entity, id=run_id, resume="allow" if run_id else None,
+                          config=config)
+    except getattr(wandb.errors, "Error", RuntimeError) as err:  # no API key, no network, a refused login
+        raise ValueError(f"wandb could not start the run {name!r} ({first_line(err)}): run `wandb login`, or set "
+                         "WANDB_MODE=offline (log to files, sync later) or WANDB_MODE=disabled") from None
 
 
 def generate_command() -> str:

@@ -96,6 +96,10 @@ def main(argv=None) -> int:
     except (CheckpointError, FileNotFoundError, ValueError) as err:
         print(f"python -m dalle_lab.align: error: {err}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:  # the state of the last finished epoch is on disk (align_state.pt)
+        print(f"python -m dalle_lab.align: interrupted; the same command continues {args.out_dir} from its last "
+              "saved epoch", file=sys.stderr)
+        return 130
     if not trainer.processes.is_main:  # process 0 reports for all
         return 0
     if history:
