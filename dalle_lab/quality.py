@@ -67,6 +67,14 @@ def main(argv=None) -> int:
     except (CheckpointError, FileNotFoundError) as err:  # a missing or foreign checkpoint: one line
         print(f"python -m dalle_lab.quality: error: {err}", file=sys.stderr)
         return 1
+    from dalle_lab.tokenizers import is_shipped_vocabulary
+
+    if not is_shipped_vocabulary(tokenizer, "shapes"):  # its captions and checker are the Shapes grammar's
+        print(f"python -m dalle_lab.quality: error: {args.dalle_path} is not a model of the built-in Shapes data (its "
+              f"vocabulary is {tokenizer.path}): this command scores Shapes captions with the Shapes checker; for "
+              "your own data, generate with generate.py and judge the images, or fine-tune and evaluate with "
+              "python -m dalle_lab.align --prompts/--eval_prompts", file=sys.stderr)
+        return 1
     settings = GenerationConfig(top_k=args.top_k or None, top_p=args.top_p, temperature=args.temperature,
                                 cond_scale=args.cond_scale)
     ckpt_step = torch.load(args.dalle_path, weights_only=True, map_location="cpu").get("step")

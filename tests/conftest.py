@@ -35,3 +35,21 @@ def tiny_dalle_checkpoint(tmp_path_factory):
     save_checkpoint(make_checkpoint(config=dalle.config.to_dict(), tokenizer_identity=tokenizer.identity,
                                     vae_identity=vae.identity, model=model_state_without_vae(dalle)), path)
     return path
+
+
+@pytest.fixture(scope="session")
+def other_data_checkpoint(tmp_path_factory):
+    """A tiny random DALLE whose vocabulary is not the Shapes one (the shipped emoji vocabulary): a model of other
+    data, for the commands that must not treat it as a Shapes model."""
+    from dalle_lab.model import DALLE
+    from dalle_lab.tokenizers import get_tokenizer
+    from dalle_lab.training.checkpoint import make_checkpoint, model_state_without_vae, save_checkpoint
+    from dalle_lab.vae import VQGanVAE, make_tiny_vqgan
+
+    directory = tmp_path_factory.mktemp("other_data")
+    vae, tokenizer = VQGanVAE(*make_tiny_vqgan(directory, n_embed=32)), get_tokenizer(None, dataset="emoji")
+    dalle = DALLE(vae=vae, dim=32, depth=1, heads=2, dim_head=16, num_text_tokens=tokenizer.vocab_size)
+    path = directory / "emoji.pt"
+    save_checkpoint(make_checkpoint(config=dalle.config.to_dict(), tokenizer_identity=tokenizer.identity,
+                                    vae_identity=vae.identity, model=model_state_without_vae(dalle)), path)
+    return path

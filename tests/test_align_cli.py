@@ -85,19 +85,11 @@ def test_cli_names_prompt_words_the_vocabulary_never_saw(tiny_checkpoint, tmp_pa
     assert "differentiable" in err  # the warning did not stop it: the next check did
 
 
-def test_a_model_of_other_data_is_not_trained_on_shapes_prompts_and_a_bom_is_not_a_word(tmp_path, capsys):
+def test_a_model_of_other_data_is_not_trained_on_shapes_prompts_and_a_bom_is_not_a_word(other_data_checkpoint, tmp_path,
+                                                                                        capsys):
     """Default prompts and --prompts heldout are Shapes captions: refused for a model with another vocabulary. A
     prompts file saved with a byte-order mark reads its first caption without it."""
-    from dalle_lab.model import DALLE
-    from dalle_lab.tokenizers import get_tokenizer
-    from dalle_lab.training.checkpoint import make_checkpoint, model_state_without_vae, save_checkpoint
-    from dalle_lab.vae import VQGanVAE, make_tiny_vqgan
-
-    vae, tokenizer = VQGanVAE(*make_tiny_vqgan(tmp_path, n_embed=32)), get_tokenizer(None, dataset="emoji")
-    dalle = DALLE(vae=vae, dim=32, depth=1, heads=2, dim_head=16, num_text_tokens=tokenizer.vocab_size)
-    path = tmp_path / "emoji.pt"
-    save_checkpoint(make_checkpoint(config=dalle.config.to_dict(), tokenizer_identity=tokenizer.identity,
-                                    vae_identity=vae.identity, model=model_state_without_vae(dalle)), path)
+    path = other_data_checkpoint
     for prompts in ([], ["--prompts", "heldout"]):
         assert main(["--dalle_path", str(path), *prompts, "--out_dir", str(tmp_path / "run"), *TINY]) == 1
         assert "not the Shapes vocabulary" in capsys.readouterr().err

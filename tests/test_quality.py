@@ -23,3 +23,11 @@ def test_quality_scores_both_splits_and_says_which_targets_are_met(tiny_dalle_ch
     quality.main(argv[:-1] + [str(again)])
     second = json.loads(again.read_text())
     assert second["validation"]["accuracy"] == report["validation"]["accuracy"]
+
+
+def test_a_model_of_other_data_is_refused_in_one_line(other_data_checkpoint, tmp_path, capsys):
+    """Scoring an own-data model on Shapes captions with the Shapes checker would report a meaningless accuracy."""
+    path = other_data_checkpoint
+    assert quality.main(["--dalle_path", str(path), "--n_val", "2", "--n_heldout", "1", "--no_ceiling"]) == 1
+    err = capsys.readouterr().err
+    assert "is not a model of the built-in Shapes data" in err and err.count("\n") == 1

@@ -44,9 +44,9 @@ def check_shapes_prompts_fit(args, tokenizer) -> None:
     the shipped Shapes one (a model of the user's own data), instead of training and evaluating it on Shapes."""
     if args.prompts and args.prompts != HELDOUT:
         return
-    from dalle_lab.tokenizers import get_tokenizer
+    from dalle_lab.tokenizers import is_shipped_vocabulary
 
-    if tokenizer.sha256 != get_tokenizer(None, dataset="shapes").sha256:
+    if not is_shipped_vocabulary(tokenizer, "shapes"):
         asked = f"--prompts {HELDOUT}" if args.prompts == HELDOUT else "no --prompts (the Shapes training captions)"
         raise ValueError(f"{args.dalle_path} reads text with {tokenizer.path}, not the Shapes vocabulary, but {asked} "
                          "would train and evaluate it on Shapes captions: pass --prompts FILE with your own captions "

@@ -11,6 +11,7 @@ from dalle_lab.tokenizers.loading import (
     check_vocab_fits,
     default_bpe_path,
     get_tokenizer,
+    is_shipped_vocabulary,
     load_tokenizer,
 )
 from dalle_lab.tokenizers.vocab import train_bpe, train_shapes_vocab
@@ -25,6 +26,7 @@ __all__ = [
     "check_vocab_fits",
     "default_bpe_path",
     "get_tokenizer",
+    "is_shipped_vocabulary",
     "load_tokenizer",
     "normalize_caption",
     "train_bpe",

@@ -105,6 +105,13 @@ def load_tokenizer(identity: dict) -> TextTokenizer:
     return tokenizer
 
 
+def is_shipped_vocabulary(tokenizer: TextTokenizer, dataset: str = "shapes") -> bool:
+    """Whether the tokenizer is the built-in dataset's shipped vocabulary (by sha256): a model of that data, not of
+    the user's own captions (what the Shapes prompts, checker and quality scores assume)."""
+    path = shipped_bpe_path(dataset)
+    return path.is_file() and tokenizer.sha256 == get_tokenizer(path).sha256
+
+
 def check_vocab_fits(tokenizer: TextTokenizer, num_text_tokens: int) -> None:
     """Raise when the tokenizer can emit ids the model's text embedding (num_text_tokens rows) cannot hold."""
     if tokenizer.vocab_size > num_text_tokens:
