@@ -101,3 +101,8 @@ def test_a_model_of_other_data_is_not_trained_on_shapes_prompts_and_a_bom_is_not
                  str(tmp_path / "run"), *TINY, "--eval_loss_images", "0", "--eval_num_heldout", "0",
                  "--eval_prompts", str(held)]) == 0
     assert "\ufeff" not in capsys.readouterr().err
+    assert main(["--dalle_path", str(path), "--prompts", str(bom), "--reward", "jpeg_compressibility", "--out_dir",
+                 str(tmp_path / "no_eval"), *TINY, "--eval_loss_images", "0", "--eval_num_heldout", "0",
+                 "--eval_num_prompts", "0", "--eval_diversity_samples", "0"]) == 0
+    results = json.loads((tmp_path / "no_eval" / "results.json").read_text())  # written without evaluations too
+    assert results["stop_reason"].startswith("epochs") and results["final"] is None and results["command"]

@@ -378,9 +378,9 @@ class AlignTrainer(RunFiles):
         if main:
             self.save_grid(self.out_dir / "samples_after.png")
             self.export(self.out_dir / "dalle_aligned.pt")
+            # always: the command, config, commit, machine and stop reason, with or without evaluations
+            write_results(self.out_dir / "results.json", self, self.argv, reason, time.perf_counter() - wall_start)
             if self.evaluator.active:
-                write_results(self.out_dir / "results.json", self, self.argv, reason,
-                              time.perf_counter() - wall_start)
                 self.plot_curve()
         self.processes.barrier()
         return self.history
