@@ -142,10 +142,12 @@ class RewardBackpropTrainer(AlignTrainer):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         if not is_differentiable(self.reward):
-            raise ValueError(f"reward backpropagation needs a differentiable reward; {self.config.reward!r} is not "
-                             "(JPEG size and the Shapes checker are not differentiable). Use "
-                             "negative_total_variation (a compressibility proxy), brightness or aesthetic, or "
-                             "--method policy_gradient")
+            given = kwargs.get("reward")
+            name = getattr(given, "__name__", repr(given)) if given is not None else repr(self.config.reward)
+            raise ValueError(f"reward backpropagation needs a differentiable reward; {name} is not marked as one "
+                             "(JPEG size and the Shapes checker are not differentiable; your own function: set "
+                             "its `differentiable = True`). Use negative_total_variation (a compressibility proxy), "
+                             "brightness or aesthetic, or --method policy_gradient")
         if not hasattr(self.dalle.vae, "decode_soft"):
             raise ValueError("reward backpropagation needs an image tokenizer with decode_soft(probs)")
 

@@ -28,6 +28,24 @@ def is_differentiable(reward: RewardFn) -> bool:
     return bool(getattr(reward, "differentiable", False))
 
 
+def imported_reward(path: str) -> RewardFn:
+    """Your own reward function named as `module.function` (dotted, like an import): reward(images, prompts) ->
+    one score per image. It is differentiable for reward backpropagation when it sets `function.differentiable =
+    True` (and computes its scores from the images with torch operations)."""
+    import importlib
+
+    module_name, _, attr = path.rpartition(".")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as err:
+        raise ValueError(f"reward {path!r}: cannot import {module_name} ({err}); put {module_name.split('.')[0]}.py in "
+                         "the current folder (python -m dalle_lab.align) or its folder on PYTHONPATH") from None
+    function = getattr(module, attr, None)
+    if not callable(function):
+        raise ValueError(f"reward {path!r}: {module_name} ({module.__file__}) has no function {attr!r}")
+    return function
+
+
 def weighted_sum(terms: Mapping[str, tuple[RewardFn, float]] | Sequence[tuple[RewardFn, float]]) -> RewardFn:
     """Combine rewards: `weighted_sum([(jpeg_compressibility, 1.0), (shapes_faithfulness, 10.0)])`.
 
@@ -90,9 +108,12 @@ def get_reward(spec: str | RewardFn, **aesthetic_options) -> RewardFn:
                                        device=aesthetic_options.get("device"))
         elif name in BUILTIN_REWARDS:
             reward = BUILTIN_REWARDS[name]
+        elif "." in name:
+            reward = imported_reward(name)
         else:
             known = ", ".join(REWARD_NAMES)
-            raise ValueError(f"unknown reward {name!r}; choose from {known} (or a weighted sum like a:1+b:0.5)")
+            raise ValueError(f"unknown reward {name!r}; choose from {known}, your own function as module.function "
+                             "(a module on PYTHONPATH or in the current folder), or a weighted sum like a:1+b:0.5")
         terms.append((reward, weight))
     if len(terms) == 1 and terms[0][1] == 1.0:
         return terms[0][0]
