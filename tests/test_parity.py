@@ -188,3 +188,13 @@ def test_parity_command_on_images_sampled_by_a_dalle_checkpoint(tiny_clip_dir, t
 def test_parity_command_names_a_missing_file(tmp_path):
     with pytest.raises(SystemExit, match="missing.pth"):
         main(["--head_path", str(tmp_path / "missing.pth"), "--embeddings", str(tmp_path)])
+
+
+def test_parity_command_names_embeddings_of_another_width_and_a_zero_image_count(tmp_path):
+    if not HEAD.is_file():
+        pytest.skip(f"the LAION head is not at {HEAD}")
+    np.save(tmp_path / "a.npy", np.ones(512, dtype=np.float32))  # a ViT-B/32 embedding: 512, not 768
+    with pytest.raises(SystemExit, match=r"512-dimensional but the head .* expects 768"):
+        main(["--head_path", str(HEAD), "--embeddings", str(tmp_path)])
+    with pytest.raises(SystemExit, match="--max_images must be at least 1, got 0"):
+        main(["--head_path", str(HEAD), "--embeddings", str(tmp_path), "--max_images", "0"])

@@ -67,6 +67,8 @@ def main(argv=None) -> dict:
         sys.exit("nothing to compare: give --images FOLDER, --dalle_path CKPT --prompts FILE, or --embeddings FOLDER")
     if args.dalle_path and not args.prompts:
         sys.exit("--dalle_path needs --prompts FILE (one prompt per line)")
+    if args.max_images < 1:
+        sys.exit(f"python -m dalle_lab.precision.parity: error: --max_images must be at least 1, got {args.max_images}")
     try:
         return run(args)
     except (FileNotFoundError, ValueError) as error:  # a missing file, a wrong checkpoint: the message says which
@@ -86,6 +88,10 @@ def run(args) -> dict:
 
     if args.embeddings:
         embeddings, names = load_embedding_folder(args.embeddings)
+        width = head.layers[0].in_features
+        if embeddings.shape[-1] != width:  # another CLIP's embeddings (ViT-B/32 gives 512)
+            raise ValueError(f"the embeddings in {args.embeddings} are {embeddings.shape[-1]}-dimensional but the head "
+                             f"{args.head_path} expects {width} (CLIP ViT-L/14's): give that CLIP's embeddings")
         report["head_only"] = head_parity(head.to(device), embeddings, args.modes, names)
         report["embeddings_path"] = str(args.embeddings)
 
