@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import sys
 import tempfile
 from functools import lru_cache
 from pathlib import Path
@@ -56,11 +57,13 @@ def file_sha256(path: str | os.PathLike, chunk_size: int = 1 << 20) -> str:
     return digest.hexdigest()
 
 
-def first_line(err: BaseException, limit: int = 200) -> str:
-    """An exception's first non-blank line for a one-line error, or its type where it has no message (torch.load of
-    an empty file raises EOFError with none): "no message" there."""
-    lines = [line for line in str(err).splitlines() if line.strip()]
-    return lines[0][:limit] if lines else "no message"
+def error_reason(err: BaseException, limit: int = 160, with_type: bool = True) -> str:
+    """An exception as a short one-line reason, its type first unless `with_type` is off (parsers' messages run over
+    several lines; torch.load of an empty file raises an EOFError with no message at all)."""
+    text = " ".join(str(err).split())[:limit]
+    if not text:
+        return type(err).__name__
+    return f"{type(err).__name__}: {text}" if with_type else text
 
 
 def fsync_path(path: str | os.PathLike) -> None:
@@ -133,12 +136,11 @@ def open_wandb(name: str, entity: str | None = None, project: str = "dalle_lab",
         return wandb.init(project=project, name=name, entity=entity, id=run_id, resume="allow" if run_id else None,
                           config=config)
     except getattr(wandb.errors, "Error", RuntimeError) as err:  # no API key, no network, a refused login
-        raise ValueError(f"wandb could not start the run {name!r} ({first_line(err)}): run `wandb login`, or set "
+        reason = error_reason(err, 200, with_type=False)
+        raise ValueError(f"wandb could not start the run {name!r} ({reason}): run `wandb login`, or set "
                          "WANDB_MODE=offline (log to files, sync later) or WANDB_MODE=disabled") from None
 
 
 def generate_command() -> str:
     """How to call generation from where this process was started: the console script when it was one."""
-    import sys
-
     return "dalle-generate" if Path(sys.argv[0]).name.startswith("dalle-") else "python generate.py"

@@ -25,7 +25,7 @@ from dalle_lab.model import DALLE, DALLEConfig
 from dalle_lab.tokenizers.dallepytorch import SIMPLE_VOCAB_SIZE, dallepytorch_tokenizer
 from dalle_lab.training.checkpoint import load_model_state, make_checkpoint, model_state_without_vae, save_checkpoint
 from dalle_lab.training.errors import CheckpointError
-from dalle_lab.utils import file_sha256
+from dalle_lab.utils import error_reason, file_sha256
 from dalle_lab.vae import taming_format
 from dalle_lab.vae.discrete import DiscreteVAE
 from dalle_lab.vae.openai import OpenAIDiscreteVAE
@@ -96,12 +96,6 @@ def _looks_like_torch_file(path: Path) -> bool:
     with open(path, "rb") as handle:
         head = handle.read(1)
     return zipfile.is_zipfile(path) or head == b"\x80"
-
-
-def _reason(err: BaseException) -> str:
-    """An exception as a short one-line reason (parsers' messages run over several lines)."""
-    text = " ".join(str(err).split())
-    return f"{type(err).__name__}: {text[:160]}" if text else type(err).__name__
 
 
 # What reading a user's VQGAN / OpenAI files can raise: missing files, yaml syntax, pickle and zip damage, and the
@@ -188,12 +182,12 @@ def _vqgan(sources: Sources, path) -> VQGanVAE:
         taming_format.read_model_config(config_path)
     except _READ_ERRORS as err:
         raise ConversionError(f"{path}: --vqgan_config_path {config_path} is not a taming VQGAN config "
-                              f"({_reason(err)}): pass the .yaml published with the .ckpt") from err
+                              f"({error_reason(err)}): pass the .yaml published with the .ckpt") from err
     try:
         return VQGanVAE(model_path, config_path, trust_pickle=sources.trust_pickle)
     except _READ_ERRORS as err:
         raise ConversionError(f"{path}: --vqgan_model_path {model_path} does not load as the VQGAN {config_path} "
-                              f"describes ({_reason(err)}): pass {what} (--trust_pickle if it holds pickled "
+                              f"describes ({error_reason(err)}): pass {what} (--trust_pickle if it holds pickled "
                               "objects and you trust it)") from err
 
 
@@ -205,7 +199,7 @@ def _openai_vae(sources: Sources, path) -> OpenAIDiscreteVAE:
         return OpenAIDiscreteVAE(encoder, decoder)
     except _READ_ERRORS as err:
         raise ConversionError(f"{path}: --openai_encoder_path {encoder} / --openai_decoder_path {decoder} do not "
-                              f"load ({_reason(err)}): pass {what}, with `pip install DALL-E` for their "
+                              f"load ({error_reason(err)}): pass {what}, with `pip install DALL-E` for their "
                               "classes") from err
 
 
@@ -270,7 +264,7 @@ def _write(save, target):
     try:
         return save(target)
     except OSError as err:
-        raise ConversionError(f"cannot write {target} ({_reason(err)}): choose a writable output path") from err
+        raise ConversionError(f"cannot write {target} ({error_reason(err)}): choose a writable output path") from err
 
 
 def convert_file(in_path, out_path, sources: Sources | None = None, vae_out=None, note=None) -> Path:

@@ -140,11 +140,12 @@ def dallepytorch_attention(q, k, v, attn_mask=None, dropout_p: float = 0.0, is_c
     """scaled_dot_product_attention's function summed as DALLE-pytorch 1.6.6 sums it: the scores as the batched
     product of the scaled queries and the keys (what its einsum computes; matmul skips einsum's parsing, which cost
     more than the product at one query), masked with the most negative float, its stable softmax (a 1024th of the
-    scores, minus their row max, times 1024) where `stable`, and the product with the values. SDPA's fused kernel adds in another order: with it a
-    converted model's logits drift from its file's by float32 rounding, up to 2e-5 at dim 512 (6e-6 this way)."""
+    scores, minus their row max, times 1024) where `stable`, and the product with the values. SDPA's fused kernel
+    adds in another order: with it a converted model's logits drift from its file's by float32 rounding, up to 2e-5
+    at dim 512 (6e-6 this way)."""
     scores = torch.matmul(q * q.shape[-1] ** -0.5, k.transpose(-1, -2))  # the batched product its einsum makes
     if is_causal:
-        attn_mask = torch.ones(q.shape[2], k.shape[2], dtype=torch.bool, device=q.device).tril(k.shape[2] - q.shape[2])
+        attn_mask = _causal_mask(q.shape[2], k.shape[2], k.shape[2] - q.shape[2], q.device)
     if attn_mask is not None:
         scores = scores.masked_fill(~attn_mask, -torch.finfo(scores.dtype).max)
     if stable:

@@ -55,9 +55,9 @@ class DALLEConfig:
     # "dallepytorch": stable's final rescale divides by the signed maximum (DALLE-pytorch's DivideMax) and scales the
     # embeddings' gradient by 0.1; "dalle_lab": divides by the absolute maximum (model/dalle.py, _final)
     stable_style: str = "dalle_lab"
-    # "dallepytorch": attention as DALLE-pytorch 1.6.6 sums it (einsum scores, the most negative float as mask, its
-    # stable softmax, einsum); "sdpa": torch's fused kernel, which sums in another order (converted models differ
-    # from their file by up to 2e-5 at dim 512 with it, by 6e-6 without)
+    # "dallepytorch": attention as DALLE-pytorch 1.6.6 sums it (its batched products, the most negative float as
+    # mask, its stable softmax; model/attention.dallepytorch_attention); "sdpa": torch's fused kernel, which sums in
+    # another order (converted models differ from their file by up to 2e-5 at dim 512 with it, by 6e-6 without)
     attention_math: str = "sdpa"
 
     def __post_init__(self):

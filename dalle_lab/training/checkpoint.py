@@ -151,7 +151,7 @@ def read_checkpoint(path: str | os.PathLike, map_location="cpu") -> dict:
 
     import torch
 
-    from dalle_lab.utils import first_line
+    from dalle_lab.utils import error_reason
 
     path = Path(path)
     if not path.is_file():
@@ -163,8 +163,8 @@ def read_checkpoint(path: str | os.PathLike, map_location="cpu") -> dict:
     try:
         ckpt = torch.load(path, map_location=map_location, weights_only=True)
     except (pickle.UnpicklingError, RuntimeError, EOFError, OSError) as err:
-        raise CheckpointError(f"{path} is not a readable dalle_lab checkpoint ({type(err).__name__}: "
-                              f"{first_line(err)}); it may be truncated, empty or from another program") from err
+        raise CheckpointError(f"{path} is not a readable dalle_lab checkpoint ({error_reason(err, 200)}); it may be "
+                              "truncated, empty or from another program") from err
     if isinstance(ckpt, dict) and "hparams" in ckpt and "weights" in ckpt and "format" not in ckpt:
         raise CheckpointError(f"{path} is a DALLE-pytorch checkpoint: convert it first: python -m dalle_lab.convert "
                               f"dallepytorch {path} OUT.pt --bpe_path ITS_VOCABULARY (generate.py and "
